@@ -1,0 +1,23 @@
+"""Optimizers with the MLPerf parameter groups, and the learning-rate schedule."""
+
+import torch
+
+from optim.lars import LARS
+from optim.params import param_groups
+from optim.schedule import Schedule, learning_rate
+
+__all__ = ["LARS", "Schedule", "build_optimizer", "learning_rate"]
+
+OPTIMIZERS = ("lars", "sgd")
+
+
+def build_optimizer(
+    name: str, model: torch.nn.Module, *, lr: float, momentum: float, weight_decay: float, eta: float = 0.001
+) -> torch.optim.Optimizer:
+    """LARS or SGD over ``param_groups(model, weight_decay)`` (SGD ignores the groups' "trust" key)."""
+    if name not in OPTIMIZERS:
+        raise ValueError(f"unknown optimizer {name!r}; expected one of: {', '.join(OPTIMIZERS)}")
+    groups = param_groups(model, weight_decay)
+    if name == "lars":
+        return LARS(groups, lr=lr, momentum=momentum, eta=eta)
+    return torch.optim.SGD(groups, lr=lr, momentum=momentum, nesterov=False)
