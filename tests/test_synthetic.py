@@ -1,0 +1,212 @@
+"""The embedded synthetic dataset: layout, JPEG properties, determinism, caching, and that the class is
+carried by the object, not by the file size or any single pixel."""
+
+import re
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image, JpegImagePlugin
+
+from data import synthetic
+from data.synthetic import SyntheticSpec, class_descriptions, class_names, default_root, ensure_dataset
+
+TINY = SyntheticSpec(classes=4, train_per_class=6, val_per_class=3, seed=0)
+MODERATE = SyntheticSpec(classes=10, train_per_class=20, val_per_class=10, seed=0)
+
+
+def files(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return ensure_dataset(tmp_path_factory.mktemp("tiny") / "data", TINY, workers=1)
+
+
+@pytest.fixture(scope="module")
+def moderate(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return ensure_dataset(tmp_path_factory.mktemp("moderate") / "data", MODERATE, workers=2)
+
+
+def test_imagenet_folder_layout(tiny: Path) -> None:
+    names = class_names(TINY)
+    assert names == sorted(names) and len(set(names)) == TINY.classes
+    assert all(re.fullmatch(r"n0\d{7}", n) for n in names)
+    for split, infix, count in (("train", "", TINY.train_per_class), ("val", "_val", TINY.val_per_class)):
+        assert sorted(p.name for p in (tiny / split).iterdir()) == names
+        for name in names:
+            expected = {f"{name}{infix}_{i}.JPEG" for i in range(count)}
+            assert {p.name for p in (tiny / split / name).iterdir()} == expected
+    mapping = (tiny / "LOC_synset_mapping.txt").read_text().splitlines()
+    assert mapping == [f"{n} {d}" for n, d in zip(names, class_descriptions(TINY), strict=True)]
+    assert len(set(class_descriptions(TINY))) == TINY.classes
+    assert sorted(p.name for p in tiny.iterdir()) == ["LOC_synset_mapping.txt", "spec.json", "train", "val"]
+
+
+def test_images_are_imagenet_like_jpegs(tiny: Path) -> None:
+    paths = sorted(tiny.rglob("*.JPEG"))
+    assert len(paths) == TINY.classes * (TINY.train_per_class + TINY.val_per_class)
+    shapes = set()
+    for path in paths:
+        with Image.open(path) as image:
+            assert image.format == "JPEG" and image.mode == "RGB"
+            assert JpegImagePlugin.get_sampling(image) == 2  # 4:2:0
+            assert 300 <= min(image.size) <= 500
+            shapes.add(image.size)
+            image.load()
+        assert 5_000 < path.stat().st_size < 300_000
+    assert len(shapes) > len(paths) // 2  # sizes and aspect ratios vary
+    assert len({path.read_bytes() for path in paths}) == len(paths)  # train and val images differ too
+
+
+def test_generation_is_deterministic_and_seeded(tiny: Path, tmp_path: Path) -> None:
+    again = files(ensure_dataset(tmp_path / "again", TINY, workers=1))
+    assert again == files(tiny)
+    other_seed = files(ensure_dataset(tmp_path / "other", SyntheticSpec(4, 6, 3, seed=1), workers=1))
+    images = [name for name in again if name.endswith(".JPEG")]
+    assert all(other_seed[name] != again[name] for name in images)
+
+
+def test_worker_pool_gives_the_same_bytes(tiny: Path, tmp_path: Path) -> None:
+    assert files(ensure_dataset(tmp_path / "pool", TINY, workers=2)) == files(tiny)
+
+
+def test_an_image_does_not_depend_on_the_others(tiny: Path, tmp_path: Path) -> None:
+    smaller = files(ensure_dataset(tmp_path / "smaller", SyntheticSpec(2, 3, 1, seed=0), workers=1))
+    reference = files(tiny)
+    shared = [name for name in smaller if name.endswith(".JPEG")]
+    assert len(shared) == 2 * (3 + 1)
+    assert all(smaller[name] == reference[name] for name in shared)
+
+
+def test_reuses_a_complete_dataset(tiny: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def stamps() -> dict[Path, int]:
+        return {p: p.stat().st_mtime_ns for p in [tiny, *tiny.rglob("*")]}
+
+    def no_rendering(*args: object) -> bytes:
+        raise AssertionError("the dataset was rendered again")
+
+    before = stamps()
+    monkeypatch.setattr(synthetic, "render_jpeg", no_rendering)
+    assert ensure_dataset(tiny, TINY) == tiny
+    assert stamps() == before
+
+
+def test_regenerates_an_incomplete_or_outdated_dataset(tiny: Path, tmp_path: Path) -> None:
+    root = ensure_dataset(tmp_path / "data", TINY, workers=1)
+    (root / "spec.json").unlink()
+    next(root.rglob("*.JPEG")).unlink()
+    assert ensure_dataset(root, TINY, workers=1) == root
+    assert files(root) == files(tiny)
+
+    other = SyntheticSpec(classes=2, train_per_class=2, val_per_class=1, seed=0)
+    ensure_dataset(root, other, workers=1)
+    assert len(list(root.rglob("*.JPEG"))) == 2 * (2 + 1)
+    assert [p.name for p in tmp_path.iterdir()] == ["data"]  # no staging directory left behind
+
+
+def test_an_interrupted_generation_leaves_no_dataset(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    render = synthetic.render_jpeg
+    calls = []
+
+    def render_then_fail(*args: object) -> bytes:
+        calls.append(args)
+        if len(calls) > 5:
+            raise KeyboardInterrupt
+        return render(*args)
+
+    monkeypatch.setattr(synthetic, "render_jpeg", render_then_fail)
+    with pytest.raises(KeyboardInterrupt):
+        ensure_dataset(tmp_path / "data", TINY, workers=1)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_refuses_to_replace_a_directory_that_is_not_a_dataset(tmp_path: Path) -> None:
+    (tmp_path / "notes.txt").write_text("keep me")
+    with pytest.raises(FileExistsError, match="not a synthetic dataset"):
+        ensure_dataset(tmp_path, TINY, workers=1)
+    assert [p.name for p in tmp_path.iterdir()] == ["notes.txt"]
+
+
+def test_default_root_is_per_spec_under_the_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RN50PERF_CACHE", str(tmp_path))
+    root = default_root(TINY)
+    assert root.parent == tmp_path and root.name.startswith("synthetic-")
+    assert default_root(SyntheticSpec(4, 6, 3, seed=0)) == root
+    assert default_root(SyntheticSpec(4, 6, 3, seed=1)) != root
+    monkeypatch.delenv("RN50PERF_CACHE")
+    assert default_root(TINY) == Path.home() / ".cache" / "rn50perf" / root.name
+
+
+def test_invalid_specs_are_refused() -> None:
+    for bad in ({"classes": 0}, {"classes": synthetic.MAX_CLASSES + 1}, {"train_per_class": 0}):
+        with pytest.raises(ValueError, match="synthetic"):
+            SyntheticSpec(**bad)
+
+
+Features = Callable[[Path], np.ndarray | list[float]]
+
+
+def load_split(root: Path, split: str, features: Features) -> tuple[np.ndarray, np.ndarray]:
+    """features(path) of every image of the split, and the labels."""
+    rows, labels = [], []
+    for label, name in enumerate(class_names(MODERATE)):
+        for path in sorted((root / split / name).iterdir()):
+            rows.append(features(path))
+            labels.append(label)
+    return np.array(rows, dtype=np.float64), np.array(labels)
+
+
+def nearest_class_mean_accuracy(root: Path, features: Features) -> float:
+    """Val accuracy of the classifier that picks the class whose mean train feature vector is nearest.
+    Features may have leading axes (e.g. pixel positions): one accuracy per position, the best returned."""
+    x_train, y_train = load_split(root, "train", features)
+    x_val, y_val = load_split(root, "val", features)
+    means = np.stack([x_train[y_train == c].mean(axis=0) for c in range(MODERATE.classes)])  # (C, ..., F)
+    distances = ((x_val[:, None] - means[None]) ** 2).sum(axis=-1)  # (N, C, ...)
+    accuracy = (distances.argmin(axis=1) == y_val.reshape(-1, *[1] * (distances.ndim - 2))).mean(axis=0)
+    return float(np.max(accuracy))
+
+
+def thumbnail(path: Path, side: int) -> np.ndarray:
+    with Image.open(path) as image:
+        return np.asarray(image.resize((side, side), Image.Resampling.BOX), dtype=np.float64)
+
+
+def file_size(path: Path) -> list[float]:
+    return [path.stat().st_size]
+
+
+def bytes_per_pixel(path: Path) -> list[float]:
+    """The file size without the image dimensions, which could hide a class-dependent compressibility."""
+    with Image.open(path) as image:
+        return [path.stat().st_size / (image.width * image.height)]
+
+
+@pytest.mark.parametrize("feature", [file_size, bytes_per_pixel], ids=["file size", "bytes per pixel"])
+def test_file_size_does_not_give_the_class_away(moderate: Path, feature: Features) -> None:
+    accuracy = nearest_class_mean_accuracy(moderate, feature)
+    print(f"{feature.__name__} nearest-class-mean accuracy: {accuracy:.2f} (chance 0.10)")
+    assert accuracy < 0.3
+
+
+def test_no_single_pixel_gives_the_class_away(moderate: Path) -> None:
+    accuracy = nearest_class_mean_accuracy(moderate, lambda path: thumbnail(path, 16))  # (16, 16, RGB)
+    print(f"best single-pixel nearest-class-mean accuracy: {accuracy:.2f} (chance 0.10)")
+    assert accuracy < 0.35
+
+
+def test_the_object_carries_the_class(moderate: Path) -> None:
+    """A positive control for the two tests above: a crude global feature, the histogram of the hues of
+    saturated pixels, already separates the classes well above chance."""
+
+    def saturated_hues(path: Path) -> np.ndarray:
+        hsv = np.asarray(Image.fromarray(thumbnail(path, 64).astype(np.uint8)).convert("HSV"))
+        hues = hsv[..., 0][(hsv[..., 1] > 128) & (hsv[..., 2] > 64)]
+        return np.histogram(hues, bins=16, range=(0, 256))[0] / hsv[..., 0].size
+
+    accuracy = nearest_class_mean_accuracy(moderate, saturated_hues)
+    print(f"saturated-hue histogram nearest-class-mean accuracy: {accuracy:.2f} (chance 0.10)")
+    assert accuracy > 0.45
