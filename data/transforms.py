@@ -1,0 +1,36 @@
+"""Crop boxes drawn from an image's size alone, so a loader can decode only the box (the fused-decoder seam).
+
+A box is (top, left, height, width) in original pixels, as `data.jpeg.decode_crop` takes it.
+"""
+
+from __future__ import annotations
+
+import torch
+from torchvision.transforms import RandomResizedCrop
+
+Box = tuple[int, int, int, int]
+
+CROP_RATIO = (3 / 4, 4 / 3)  # the MLPerf reference's aspect-ratio range
+
+
+def random_resized_crop_box(height: int, width: int, area_min: float, generator: torch.Generator) -> Box:
+    """torchvision's RandomResizedCrop parameters (10 tries, then a centre crop) for an image of this size.
+
+    torchvision draws from torch's global generator; the draw runs inside `fork_rng` seeded from `generator`,
+    so each sample's box depends on its own seed only, whatever process or worker draws it.
+    """
+    seed = int(torch.randint(0, 2**62, (1,), generator=generator))
+    shape_only = torch.empty(()).expand(1, height, width)  # get_params reads the size, never the pixels
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        top, left, h, w = RandomResizedCrop.get_params(shape_only, scale=(area_min, 1.0), ratio=CROP_RATIO)
+    return top, left, h, w
+
+
+def centre_crop_box(height: int, width: int, resize: int, size: int) -> Box:
+    """The box that 'resize the short side to `resize`, centre-crop `size` x `size`' keeps, in original pixels."""
+    side = min(height, width) * size / resize
+    side_px = max(1, round(side))
+    top = round((height - side) / 2)
+    left = round((width - side) / 2)
+    return top, left, min(side_px, height - top), min(side_px, width - left)
