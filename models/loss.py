@@ -1,0 +1,11 @@
+"""The training objective: label-smoothed cross-entropy, computed in fp32 whatever the logits' dtype."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def smoothed_cross_entropy(logits: torch.Tensor, labels: torch.Tensor, smoothing: float) -> torch.Tensor:
+    """Mean over the batch of -sum_k q_k log p_k with q = (1 - smoothing) one-hot + smoothing / classes."""
+    return F.cross_entropy(logits.float(), labels, label_smoothing=smoothing)

@@ -1,0 +1,79 @@
+"""ResNet-50 v1.5 (torchvision's) with the MLPerf reference initialisation and uint8 input normalisation."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import partial
+
+import torch
+from torch import nn
+from torchvision.models.resnet import Bottleneck, ResNet
+
+# ImageNet channel statistics, in uint8 units, as the MLPerf reference normalises.
+MEAN_RGB = (0.485 * 255, 0.456 * 255, 0.406 * 255)
+STD_RGB = (0.229 * 255, 0.224 * 255, 0.225 * 255)
+
+NormLayer = Callable[[int], nn.Module]
+
+
+class ResNet50(ResNet):
+    """torchvision's ResNet-50 v1.5 that takes uint8 NHWC batches and normalises them itself.
+
+    The mean and std are non-persistent buffers, so `state_dict()` holds exactly the keys of
+    `torchvision.models.resnet50()` and loads into it.
+    """
+
+    def __init__(
+        self,
+        num_classes: int = 1000,
+        norm_layer: NormLayer | None = None,
+        zero_init_residual: bool = True,
+        memory_format: torch.memory_format = torch.contiguous_format,
+    ) -> None:
+        super().__init__(Bottleneck, [3, 4, 6, 3], num_classes=num_classes, norm_layer=norm_layer)
+        self.memory_format = memory_format
+        self.register_buffer("mean", torch.tensor(MEAN_RGB).view(1, 3, 1, 1), persistent=False)
+        self.register_buffer("std", torch.tensor(STD_RGB).view(1, 3, 1, 1), persistent=False)
+        init_mlperf(self, zero_init_residual)
+
+    def normalize(self, images: torch.Tensor) -> torch.Tensor:
+        """uint8 (N, H, W, 3) -> float (N, 3, H, W) in the model's memory format, mean 0 and std 1 per channel."""
+        x = images.permute(0, 3, 1, 2).to(dtype=self.mean.dtype, memory_format=self.memory_format)
+        return (x - self.mean) / self.std
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        return super().forward(self.normalize(images))
+
+
+def init_mlperf(model: ResNet, zero_init_residual: bool) -> None:
+    """The MLPerf reference initialisation: He-normal convolutions (fan-in, as Keras' he_normal), fc weights
+    normal with std 0.01 and zero bias, BN gamma 1 and beta 0, optionally gamma 0 on each block's last BN."""
+    for module in model.modules():
+        if isinstance(module, nn.Conv2d):
+            nn.init.kaiming_normal_(module.weight, mode="fan_in", nonlinearity="relu")
+        elif isinstance(module, nn.Linear):
+            nn.init.normal_(module.weight, std=0.01)
+            nn.init.zeros_(module.bias)
+        elif hasattr(module, "weight") and hasattr(module, "running_mean"):
+            nn.init.ones_(module.weight)
+            nn.init.zeros_(module.bias)
+    if zero_init_residual:
+        for block in model.modules():
+            if isinstance(block, Bottleneck):
+                nn.init.zeros_(block.bn3.weight)
+
+
+def batchnorm(momentum: float, eps: float) -> NormLayer:
+    """The default norm layer: BatchNorm2d with the given momentum (PyTorch convention) and epsilon."""
+    return partial(nn.BatchNorm2d, momentum=momentum, eps=eps)
+
+
+def build_resnet50(
+    num_classes: int,
+    norm_layer: NormLayer,
+    zero_init_residual: bool = True,
+    channels_last: bool = False,
+) -> ResNet50:
+    memory_format = torch.channels_last if channels_last else torch.contiguous_format
+    model = ResNet50(num_classes, norm_layer, zero_init_residual, memory_format)
+    return model.to(memory_format=memory_format)
