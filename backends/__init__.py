@@ -1,0 +1,24 @@
+"""Where a training step executes. `build` returns a Backend; train.py does not know which one it drives."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from backends.base import Backend
+from backends.native import NativeBackend
+
+
+def build(
+    device: str,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    *,
+    label_smoothing: float,
+    grad_accum: int = 1,
+) -> Backend:
+    """The backend for `device` ("cpu" or "cuda")."""
+    return NativeBackend(model, optimizer, torch.device(device), label_smoothing=label_smoothing, grad_accum=grad_accum)
+
+
+__all__ = ["Backend", "NativeBackend", "build"]

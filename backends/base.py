@@ -1,0 +1,29 @@
+"""What the training loop drives: a step that updates weights and a step that evaluates, wherever they run."""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import torch
+
+
+class Backend(Protocol):
+    """A model, its optimizer and numerics, bound to where they execute.
+
+    Steps take uint8 NHWC images and int64 labels on the host and return device tensors, so the loop
+    decides when to synchronise (reading a loss is a host sync).
+    """
+
+    device: torch.device
+
+    def train_step(self, images: torch.Tensor, labels: torch.Tensor, lr: float) -> torch.Tensor:
+        """One weight update at learning rate `lr`; returns the mean training loss."""
+        ...
+
+    def eval_step(self, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """Returns the number of top-1 correct predictions in the batch."""
+        ...
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...

@@ -1,0 +1,73 @@
+"""Checkpoints: written atomically (temporary file, then rename), loaded with weights_only, checked on load."""
+
+from __future__ import annotations
+
+import os
+import random
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+FORMAT = 1
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be used: unreadable, damaged, or from a run with different settings."""
+
+
+def save(path: Path, state: dict[str, Any]) -> None:
+    """Write a training checkpoint; a reader sees either the previous file or this one, never a partial one."""
+    save_atomically(path, {"format": FORMAT, **state})
+
+
+def save_atomically(path: Path, obj: Any) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    torch.save(obj, tmp)
+    os.replace(tmp, path)
+
+
+def load(path: Path, fingerprint: dict[str, Any]) -> dict[str, Any]:
+    """Read a checkpoint written by `save` for a run whose training-relevant settings equal `fingerprint`."""
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except FileNotFoundError as err:
+        raise CheckpointError(f"no checkpoint at {path}") from err
+    except Exception as err:  # torch raises RuntimeError, pickle and zip errors alike for damaged files
+        raise CheckpointError(f"{path} is damaged or not a checkpoint ({type(err).__name__}: {err})") from err
+    if not isinstance(state, dict) or state.get("format") != FORMAT:
+        raise CheckpointError(f"{path} is not an rn50perf checkpoint (format {FORMAT})")
+    differences = [
+        f"{key}: checkpoint {state['fingerprint'].get(key)!r}, this run {value!r}"
+        for key, value in fingerprint.items()
+        if state["fingerprint"].get(key) != value
+    ]
+    if differences:
+        raise CheckpointError(f"{path} was written with other settings: " + "; ".join(differences))
+    return state
+
+
+def rng_state() -> dict[str, Any]:
+    """Python's, NumPy's and torch's global generator states, in types that weights_only loading accepts."""
+    kind, keys, pos, has_gauss, gauss = np.random.get_state()
+    return {
+        "python": random.getstate(),
+        "numpy": {
+            "kind": kind,
+            "keys": torch.from_numpy(keys.copy()),
+            "pos": pos,
+            "gauss": (has_gauss, gauss),
+        },
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+    }
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(state["python"])
+    numpy = state["numpy"]
+    np.random.set_state((numpy["kind"], numpy["keys"].numpy(), numpy["pos"], *numpy["gauss"]))
+    torch.set_rng_state(state["torch"])
+    if state["cuda"]:
+        torch.cuda.set_rng_state_all(state["cuda"])
