@@ -1,0 +1,305 @@
+"""The typed shape of a run's configuration, and the checks every value passes before any work starts.
+
+Hydra composes YAML from the groups beside this file onto these dataclasses, so a value of the wrong type is
+refused at composition; `validate` then checks ranges, choices and the MLPerf closed-division rules and
+raises `ConfigError` naming the key and what is allowed.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from hydra.core.config_store import ConfigStore
+
+
+class ConfigError(ValueError):
+    """A configuration value a user can fix: `key` names it, the message says what is allowed."""
+
+    def __init__(self, key: str, message: str) -> None:
+        super().__init__(f"{key}: {message}")
+        self.key = key
+
+
+@dataclass
+class ModelConfig:
+    name: str = "resnet50"
+    zero_init_residual: bool = True  # zero-initialised last BN gamma in each residual block
+    bn_momentum: float = 0.1  # PyTorch convention (TF reference: 0.9)
+    bn_eps: float = 1e-5
+
+
+@dataclass
+class SyntheticConfig:
+    classes: int = 10
+    train_per_class: int = 100
+    val_per_class: int = 50
+    seed: int = 0
+
+
+@dataclass
+class DataConfig:
+    name: str = "synthetic"  # synthetic | imagenet
+    root: str | None = None  # None: the synthetic set's cache directory
+    image_size: int = 224  # training and evaluation crop, pixels
+    eval_resize: int = 256  # evaluation resizes the short side to this, then centre-crops image_size
+    crop_area_min: float = 0.08  # random-resized crop: smallest fraction of the image area
+    global_batch: int = 256
+    eval_batch: int = 256
+    workers: int = 2  # loader processes per rank; 0 loads in the training process
+    synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
+
+
+@dataclass
+class OptimConfig:
+    name: str = "lars"  # lars | sgd
+    base_lr: float = 10.0
+    momentum: float = 0.9
+    weight_decay: float = 5e-5
+    eta: float = 0.001  # LARS trust coefficient
+    warmup_epochs: float = 2.0
+    decay_epochs: float | None = None  # None: from the end of warm-up to run.max_epochs
+    end_lr: float = 1e-4
+    poly_power: float = 2.0
+    label_smoothing: float = 0.1
+
+
+@dataclass
+class PrecisionConfig:
+    name: str = "fp32"
+
+
+@dataclass
+class DeviceConfig:
+    name: str = "cpu"  # cpu | cuda
+    threads: int = 0  # torch intra-op threads; 0 keeps torch's default
+    channels_last: bool = False
+
+
+@dataclass
+class DistConfig:
+    grad_accum: int = 1  # micro-batches per weight update
+
+
+@dataclass
+class MlperfConfig:
+    division: str = "closed"  # closed | open
+    status: str = "onprem"  # cloud | onprem | preview | research
+    org: str = "rn50perf"
+    platform: str = "cpu"
+    target_accuracy: float = 0.759
+    eval_every: int = 4  # epochs between evaluations
+    first_eval: int = 4  # epoch of the first evaluation, 1 to eval_every
+    log_file: str = "mlperf.log"
+
+
+@dataclass
+class RunConfig:
+    mode: str = "train"
+    seed: int = 1
+    max_epochs: int = 40
+    resume: str = "none"  # none | auto: continue from the checkpoint in the output directory, if there is one
+    checkpoint: bool = True  # write a checkpoint at each epoch end
+    progress: str = "auto"  # auto (bar on a terminal, lines otherwise) | bar | lines | none
+
+
+@dataclass
+class Config:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    precision: PrecisionConfig = field(default_factory=PrecisionConfig)
+    device: DeviceConfig = field(default_factory=DeviceConfig)
+    dist: DistConfig = field(default_factory=DistConfig)
+    mlperf: MlperfConfig = field(default_factory=MlperfConfig)
+    run: RunConfig = field(default_factory=RunConfig)
+
+
+def register() -> None:
+    """Make the schema the base of configs/config.yaml (its defaults list names `schema`)."""
+    ConfigStore.instance().store(name="schema", node=Config)
+
+
+def _require(ok: bool, key: str, message: str) -> None:
+    if not ok:
+        raise ConfigError(key, message)
+
+
+def _one_of(value: str, key: str, allowed: tuple[str, ...]) -> None:
+    _require(value in allowed, key, f"{value!r} is not one of {', '.join(allowed)}")
+
+
+def _positive(value: float, key: str) -> None:
+    _require(value > 0 and math.isfinite(value), key, f"must be a positive number, got {value}")
+
+
+def _is_power_of_two_times(value: float, unit: float) -> bool:
+    exponent = math.log2(value / unit) if value > 0 else 0.5
+    return abs(exponent - round(exponent)) < 1e-9
+
+
+def validate(cfg: Config, world_size: int = 1) -> None:
+    """Check every value a user can set; raise ConfigError for the first one that is wrong."""
+    _validate_model(cfg.model)
+    _validate_data(cfg.data, world_size * cfg.dist.grad_accum)
+    _validate_optim(cfg.optim, cfg.run.max_epochs)
+    _one_of(cfg.precision.name, "precision.name", ("fp32",))
+    _one_of(cfg.device.name, "device.name", ("cpu", "cuda"))
+    _require(cfg.device.threads >= 0, "device.threads", f"must be 0 (default) or more, got {cfg.device.threads}")
+    _require(cfg.dist.grad_accum >= 1, "dist.grad_accum", f"must be 1 or more, got {cfg.dist.grad_accum}")
+    _validate_mlperf(cfg.mlperf)
+    if cfg.mlperf.division == "closed":
+        _validate_closed_division(cfg)
+    _validate_run(cfg.run)
+
+
+def _validate_model(model: ModelConfig) -> None:
+    _one_of(model.name, "model.name", ("resnet50",))
+    _require(0 < model.bn_momentum < 1, "model.bn_momentum", f"must be in (0, 1), got {model.bn_momentum}")
+    _positive(model.bn_eps, "model.bn_eps")
+
+
+def _validate_data(data: DataConfig, batch_divisor: int) -> None:
+    _one_of(data.name, "data.name", ("synthetic", "imagenet"))
+    if data.name == "imagenet" or data.root is not None:
+        _require(data.root is not None, "data.root", "ImageNet needs data.root=/path/to/imagenet")
+        root = Path(str(data.root)).expanduser()
+        _require(root.is_dir(), "data.root", f"directory {root} does not exist")
+        for split in ("train", "val"):
+            _require((root / split).is_dir(), "data.root", f"{root} has no {split}/ folder (ImageNet layout)")
+    _require(data.image_size >= 32, "data.image_size", f"must be at least 32 pixels, got {data.image_size}")
+    _require(
+        data.eval_resize >= data.image_size,
+        "data.eval_resize",
+        f"must be at least data.image_size ({data.image_size}), got {data.eval_resize}",
+    )
+    _require(0 < data.crop_area_min <= 1, "data.crop_area_min", f"must be in (0, 1], got {data.crop_area_min}")
+    _positive(data.global_batch, "data.global_batch")
+    _require(
+        data.global_batch % batch_divisor == 0,
+        "data.global_batch",
+        f"{data.global_batch} is not divisible by world size x dist.grad_accum = {batch_divisor}",
+    )
+    _positive(data.eval_batch, "data.eval_batch")
+    _require(data.workers >= 0, "data.workers", f"must be 0 or more, got {data.workers}")
+    syn = data.synthetic
+    _require(syn.classes >= 2, "data.synthetic.classes", f"must be at least 2, got {syn.classes}")
+    _positive(syn.train_per_class, "data.synthetic.train_per_class")
+    _positive(syn.val_per_class, "data.synthetic.val_per_class")
+
+
+def _validate_optim(optim: OptimConfig, max_epochs: int) -> None:
+    _one_of(optim.name, "optim.name", ("lars", "sgd"))
+    _positive(optim.base_lr, "optim.base_lr")
+    _require(0 <= optim.momentum < 1, "optim.momentum", f"must be in [0, 1), got {optim.momentum}")
+    _require(optim.weight_decay >= 0, "optim.weight_decay", f"must be 0 or more, got {optim.weight_decay}")
+    _positive(optim.eta, "optim.eta")
+    _require(
+        0 <= optim.warmup_epochs < max_epochs,
+        "optim.warmup_epochs",
+        f"must be in [0, run.max_epochs={max_epochs}), got {optim.warmup_epochs}",
+    )
+    if optim.decay_epochs is not None:
+        _positive(optim.decay_epochs, "optim.decay_epochs")
+    _require(0 <= optim.end_lr < optim.base_lr, "optim.end_lr", f"must be in [0, base_lr), got {optim.end_lr}")
+    _positive(optim.poly_power, "optim.poly_power")
+    _require(
+        0 <= optim.label_smoothing < 1,
+        "optim.label_smoothing",
+        f"must be in [0, 1), got {optim.label_smoothing}",
+    )
+
+
+def _validate_mlperf(mlperf: MlperfConfig) -> None:
+    _one_of(mlperf.division, "mlperf.division", ("closed", "open"))
+    _one_of(mlperf.status, "mlperf.status", ("cloud", "onprem", "preview", "research"))
+    _require(bool(mlperf.org.strip()), "mlperf.org", "must not be empty")
+    _require(bool(mlperf.platform.strip()), "mlperf.platform", "must not be empty")
+    _require(
+        0 < mlperf.target_accuracy <= 1,
+        "mlperf.target_accuracy",
+        f"is a fraction in (0, 1], got {mlperf.target_accuracy}",
+    )
+    _require(mlperf.eval_every >= 1, "mlperf.eval_every", f"must be 1 or more, got {mlperf.eval_every}")
+    _require(
+        1 <= mlperf.first_eval <= mlperf.eval_every,
+        "mlperf.first_eval",
+        f"must be in [1, mlperf.eval_every={mlperf.eval_every}], got {mlperf.first_eval}",
+    )
+
+
+def _validate_closed_division(cfg: Config) -> None:
+    """The MLPerf closed-division rules for ResNet that a configuration can break (ruleset 4.0.0)."""
+    optim = cfg.optim
+    _require(
+        _is_power_of_two_times(optim.weight_decay, 1e-4),
+        "optim.weight_decay",
+        f"closed division allows 0.0001 * 2^N (e.g. 5e-05, 0.0001, 0.0002), got {optim.weight_decay}",
+    )
+    _require(
+        math.isclose(optim.end_lr, 1e-4),
+        "optim.end_lr",
+        f"closed division requires 0.0001, got {optim.end_lr}",
+    )
+    _require(optim.poly_power == 2, "optim.poly_power", f"closed division requires 2, got {optim.poly_power}")
+    _require(
+        optim.label_smoothing in (0.0, 0.1),
+        "optim.label_smoothing",
+        f"closed division allows 0 or 0.1, got {optim.label_smoothing}",
+    )
+    if optim.name == "sgd":
+        _require(
+            math.isclose(optim.momentum, 0.9),
+            "optim.momentum",
+            f"closed division SGD requires 0.9, got {optim.momentum}",
+        )
+        _require(
+            abs(optim.base_lr * 1000 - round(optim.base_lr * 1000)) < 1e-6,
+            "optim.base_lr",
+            f"closed division SGD requires a multiple of 0.001, got {optim.base_lr}",
+        )
+    if optim.name == "lars" and cfg.data.global_batch < 32768:
+        _require(
+            math.isclose(optim.momentum, 0.9),
+            "optim.momentum",
+            f"closed division LARS below batch 32k requires 0.9, got {optim.momentum}",
+        )
+    _require(
+        cfg.mlperf.target_accuracy >= 0.759,
+        "mlperf.target_accuracy",
+        f"closed division requires at least 0.759, got {cfg.mlperf.target_accuracy}",
+    )
+
+
+def _validate_run(run: RunConfig) -> None:
+    _one_of(run.mode, "run.mode", ("train",))
+    _require(run.max_epochs >= 1, "run.max_epochs", f"must be 1 or more, got {run.max_epochs}")
+    _require(run.seed >= 0, "run.seed", f"must be 0 or more, got {run.seed}")
+    _one_of(run.resume, "run.resume", ("none", "auto"))
+    _one_of(run.progress, "run.progress", ("auto", "bar", "lines", "none"))
+
+
+def training_fingerprint(cfg: Config) -> dict[str, object]:
+    """The settings a checkpoint must share with the run that resumes it, as dotted keys.
+
+    Everything that changes the arithmetic of training is in; where it runs and how fast (device, loader
+    workers, evaluation batch, progress display, data path) is out.
+    """
+    sections = {"model": cfg.model, "optim": cfg.optim, "precision": cfg.precision, "dist": cfg.dist}
+    flat: dict[str, object] = {
+        f"{name}.{key}": value for name, section in sections.items() for key, value in asdict(section).items()
+    }
+    data = cfg.data
+    flat |= {
+        "data.name": data.name,
+        "data.image_size": data.image_size,
+        "data.eval_resize": data.eval_resize,
+        "data.crop_area_min": data.crop_area_min,
+        "data.global_batch": data.global_batch,
+        "run.seed": cfg.run.seed,
+        "run.max_epochs": cfg.run.max_epochs,
+    }
+    if data.name == "synthetic":
+        flat |= {f"data.synthetic.{k}": v for k, v in asdict(data.synthetic).items()}
+    return flat

@@ -1,0 +1,116 @@
+"""Whole runs of train.py on the tiny synthetic task: the MLPerf log, the run directory, resume."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import torchvision
+
+from tests.conftest import REPO, run_train
+
+
+def mllog_events(log: Path) -> list[dict]:
+    return [json.loads(line.split(":::MLLOG ", 1)[1]) for line in log.read_text().splitlines() if ":::MLLOG" in line]
+
+
+def compliance_check(log: Path) -> subprocess.CompletedProcess[str]:
+    command = [
+        sys.executable,
+        "-m",
+        "mlperf_logging.compliance_checker",
+        "--usage",
+        "training",
+        "--ruleset",
+        "4.0.0",
+    ]
+    return subprocess.run([*command, str(log)], capture_output=True, text=True, cwd=REPO)
+
+
+@pytest.mark.parametrize(("optimizer", "lr"), [("lars", 4.0), ("sgd", 0.05)])
+def test_smoke_run_reaches_target_and_its_log_passes_the_compliance_checker(optimizer, lr, cache_dir, tmp_path):
+    overrides = ("experiment=smoke", f"optim={optimizer}", f"optim.base_lr={lr}", f"hydra.run.dir={tmp_path}")
+    run_train(*overrides, cache=cache_dir, check=True)
+    log = tmp_path / "mlperf.log"
+    checker = compliance_check(log)
+    assert checker.returncode == 0, checker.stdout + checker.stderr
+    assert "SUCCESS" in checker.stdout + checker.stderr
+    events = mllog_events(log)
+    stop = next(e for e in events if e["key"] == "run_stop")
+    assert stop["metadata"]["status"] == "success"
+    assert next(e for e in events if e["key"] == "opt_name")["value"] == optimizer
+    seed = next(e for e in events if e["key"] == "seed")
+    assert seed["metadata"]["file"] == "train.py"  # mllog names the real call site
+    for name in ("config.yaml", "metrics.csv", "metrics.png", "model.pt"):
+        assert (tmp_path / name).exists(), name
+    weights = torch.load(tmp_path / "model.pt", weights_only=True)
+    torchvision.models.resnet50(num_classes=4).load_state_dict(weights)
+
+
+def test_a_new_run_refuses_a_directory_that_holds_a_log(cache_dir, tmp_path):
+    (tmp_path / "mlperf.log").write_text(":::MLLOG {}\n")
+    result = run_train("experiment=smoke", f"hydra.run.dir={tmp_path}", cache=cache_dir)
+    assert result.returncode == 2
+    assert "run.resume" in result.stderr and "new hydra.run.dir" in result.stderr
+
+
+RESUME_RUN = ("experiment=smoke", "run.max_epochs=3", "mlperf.target_accuracy=1.0")
+
+
+def kill_after_first_checkpoint(run_dir: Path, cache: Path) -> None:
+    command = [sys.executable, "train.py", *RESUME_RUN, f"hydra.run.dir={run_dir}"]
+    env = {**os.environ, "RN50PERF_CACHE": str(cache)}
+    process = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.DEVNULL)
+    deadline = time.monotonic() + 300
+    while not (run_dir / "checkpoint.pt").exists():
+        assert process.poll() is None and time.monotonic() < deadline, "no checkpoint before the run ended"
+        time.sleep(0.05)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+
+
+def test_a_killed_run_resumes_to_the_same_weights_and_one_valid_log(cache_dir, tmp_path):
+    straight, killed = tmp_path / "straight", tmp_path / "killed"
+    run_train(*RESUME_RUN, f"hydra.run.dir={straight}", cache=cache_dir, check=True)
+    kill_after_first_checkpoint(killed, cache_dir)
+    assert not (killed / "model.pt").exists()
+    resumed = run_train(*RESUME_RUN, f"hydra.run.dir={killed}", "run.resume=auto", cache=cache_dir, check=True)
+    assert "resuming at epoch 2" in resumed.stdout
+
+    expected = torch.load(straight / "model.pt", weights_only=True)
+    actual = torch.load(killed / "model.pt", weights_only=True)
+    assert expected.keys() == actual.keys()
+    for name in expected:
+        assert torch.equal(expected[name], actual[name]), name
+
+    def accuracies(run: Path) -> list[float]:
+        return [e["value"] for e in mllog_events(run / "mlperf.log") if e["key"] == "eval_accuracy"]
+
+    assert accuracies(killed) == accuracies(straight)
+    assert [e["key"] for e in mllog_events(killed / "mlperf.log")].count("run_start") == 1
+    assert (killed / "metrics.csv").read_text().count("\n") == 4  # header and three epochs, none twice
+
+
+def test_a_damaged_or_mismatched_checkpoint_is_refused(cache_dir, tmp_path):
+    kill_after_first_checkpoint(tmp_path, cache_dir)
+    log_before = (tmp_path / "mlperf.log").read_bytes()
+
+    mismatched = run_train(
+        *RESUME_RUN, "optim.base_lr=3.0", f"hydra.run.dir={tmp_path}", "run.resume=auto", cache=cache_dir
+    )
+    assert mismatched.returncode == 2
+    assert "optim.base_lr: checkpoint 4.0, this run 3.0" in mismatched.stderr
+
+    checkpoint = tmp_path / "checkpoint.pt"
+    checkpoint.write_bytes(checkpoint.read_bytes()[: checkpoint.stat().st_size // 2])
+    damaged = run_train(*RESUME_RUN, f"hydra.run.dir={tmp_path}", "run.resume=auto", cache=cache_dir)
+    assert damaged.returncode == 2
+    assert "damaged or not a checkpoint" in damaged.stderr
+    assert (tmp_path / "mlperf.log").read_bytes() == log_before  # refusing to resume touches nothing

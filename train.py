@@ -1,0 +1,354 @@
+"""rn50perf: one MLPerf ResNet-50 training run, top to bottom.
+
+    python train.py                               the embedded synthetic task (configs/experiment/embedded.yaml)
+    python train.py optim=sgd run.max_epochs=20   any key can be overridden
+    python train.py experiment=imagenet data.root=/data/imagenet
+    python train.py hydra.run.dir=outputs/run1 run.resume=auto   continue run1 from its last checkpoint
+
+Everything the run writes goes to its Hydra output directory: config.yaml (resolved), mlperf.log,
+metrics.csv, metrics.png, checkpoint.pt.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import random
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import hydra
+import numpy as np
+import torch
+from hydra.core.hydra_config import HydraConfig
+from hydra.errors import HydraException
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+import backends
+from backends import checkpoint
+from backends.checkpoint import CheckpointError
+from configs.schema import Config, ConfigError, register, training_fingerprint, validate
+from data.datasets import open_dataset
+from data.folder import DatasetError, Split
+from data.loader import CropDataset, build_loader
+from data.sampler import ShardedSampler
+from data.synthetic import SyntheticSpec
+from distributed import Topology
+from mlperf_logs.hyperparameters import Hyperparameters, Submission, log_hyperparameters, log_submission
+from mlperf_logs.logger import MLPerfLogger, constants, truncate_to
+from mlperf_logs.metrics import EpochMetrics, MetricsCSV, plot
+from mlperf_logs.progress import Progress
+from models import batchnorm, build_resnet50
+from optim import Schedule, build_optimizer
+from optim.schedule import steps_from_epochs
+
+USER_ERRORS = (ConfigError, DatasetError, CheckpointError, HydraException, OmegaConfBaseException)
+CHECKPOINT = "checkpoint.pt"
+FINAL_WEIGHTS = "model.pt"
+METRICS = "metrics.csv"
+
+register()
+
+
+@hydra.main(config_path="configs", config_name="config", version_base="1.3")
+def main(raw: DictConfig) -> None:
+    out_dir = Path(HydraConfig.get().runtime.output_dir)
+    topology = Topology()
+    cfg: Config = OmegaConf.to_object(raw)
+    validate(cfg, topology.world_size)
+    (out_dir / "config.yaml").write_text(OmegaConf.to_yaml(raw, resolve=True))
+    train(cfg, out_dir, topology)
+
+
+@dataclass
+class Loop:
+    """Where the run stands: the next epoch, the optimizer steps taken, when run_start was logged."""
+
+    epoch: int = 1
+    step: int = 0
+    run_start: float = 0.0
+
+
+def train(cfg: Config, out_dir: Path, topology: Topology) -> None:
+    device = select_device(cfg.device.name, cfg.device.threads)
+    resumed = restore_point(cfg, out_dir)
+    log = MLPerfLogger(out_dir / cfg.mlperf.log_file if topology.is_main else None)
+    if resumed is None:
+        log.event(constants.CACHE_CLEAR, True)
+        log.start(constants.INIT_START)
+        log_submission(log, Submission(cfg.mlperf.org, cfg.mlperf.platform, cfg.mlperf.division, cfg.mlperf.status))
+        log.event(constants.SEED, cfg.run.seed)
+    seed_everything(cfg.run.seed, topology.rank)
+
+    # Data: the index of both splits (the synthetic set is generated here on first use), then the loaders.
+    spec = SyntheticSpec(**vars(cfg.data.synthetic))
+    train_split, val_split = open_dataset(cfg.data.name, cfg.data.root, spec)
+    per_rank_batch = cfg.data.global_batch // topology.world_size
+    train_loader = make_loader(cfg, train_split, topology, train=True, batch=per_rank_batch, device=device)
+    val_loader = make_loader(cfg, val_split, topology, train=False, batch=cfg.data.eval_batch, device=device)
+    steps_per_epoch = len(train_loader)
+
+    # Model, optimizer with the MLPerf parameter groups, the schedule as a function of the step.
+    model = build_resnet50(
+        len(train_split.classes),
+        batchnorm(cfg.model.bn_momentum, cfg.model.bn_eps),
+        cfg.model.zero_init_residual,
+        cfg.device.channels_last,
+    )
+    optimizer = build_optimizer(
+        cfg.optim.name,
+        model,
+        lr=cfg.optim.base_lr,
+        momentum=cfg.optim.momentum,
+        weight_decay=cfg.optim.weight_decay,
+        eta=cfg.optim.eta,
+    )
+    backend = backends.build(
+        device.type,
+        model,
+        optimizer,
+        label_smoothing=cfg.optim.label_smoothing,
+        grad_accum=cfg.dist.grad_accum,
+    )
+    schedule = make_schedule(cfg, steps_per_epoch)
+
+    metrics = MetricsCSV(out_dir / METRICS)
+    if resumed is None:
+        log_hyperparameters(log, hyperparameters(cfg, schedule, per_rank_batch, train_split, val_split))
+        log.end(constants.INIT_STOP)
+        log.start(constants.RUN_START)
+        loop = Loop(run_start=time.time())
+    else:
+        loop = resume(resumed, backend, log, metrics)
+
+    status, accuracy = train_to_target(cfg, backend, train_loader, val_loader, schedule, loop, log, metrics, out_dir)
+    log.end(constants.RUN_STOP, metadata={constants.STATUS: status})
+    log.close()
+    if topology.is_main:
+        plot(metrics.read(), out_dir / "metrics.png", cfg.mlperf.target_accuracy)
+        checkpoint.save_atomically(out_dir / FINAL_WEIGHTS, backend.state_dict()["model"])
+        (out_dir / CHECKPOINT).unlink(missing_ok=True)  # the run is over: nothing is left to resume
+    print_summary(status, accuracy, loop, out_dir)
+
+
+def train_to_target(
+    cfg: Config,
+    backend: backends.Backend,
+    train_loader: torch.utils.data.DataLoader,
+    val_loader: torch.utils.data.DataLoader,
+    schedule: Schedule,
+    loop: Loop,
+    log: MLPerfLogger,
+    metrics: MetricsCSV,
+    out_dir: Path,
+) -> tuple[str, float | None]:
+    """Epochs in blocks that end with an evaluation, until the target accuracy or the epoch budget."""
+    evals = eval_epochs(cfg.run.max_epochs, cfg.mlperf.first_eval, cfg.mlperf.eval_every)
+    progress = Progress(cfg.run.progress, cfg.run.max_epochs, cfg.data.global_batch)
+    accuracy: float | None = None
+    for epoch in range(loop.epoch, cfg.run.max_epochs + 1):
+        block_first = max((e + 1 for e in evals if e < epoch), default=1)
+        if epoch == block_first:
+            block_last = min(e for e in evals if e >= epoch)
+            log.start(
+                constants.BLOCK_START,
+                metadata={constants.FIRST_EPOCH_NUM: epoch, constants.EPOCH_COUNT: block_last - epoch + 1},
+            )
+        started = time.perf_counter()
+        loss, lr = train_epoch(backend, train_loader, schedule, loop, epoch, progress)
+        images_per_s = len(train_loader) * cfg.data.global_batch / (time.perf_counter() - started)
+        if not math.isfinite(loss):
+            print(
+                f"error: the training loss is {loss} in epoch {epoch}; stopping (run_stop aborted)",
+                file=sys.stderr,
+            )
+            return constants.ABORTED, accuracy
+        accuracy = None
+        if epoch in evals:
+            log.end(constants.BLOCK_STOP, metadata={constants.FIRST_EPOCH_NUM: block_first})
+            log.start(constants.EVAL_START, metadata={constants.EPOCH_NUM: epoch})
+            accuracy = evaluate(backend, val_loader)
+            log.event(constants.EVAL_ACCURACY, accuracy, metadata={constants.EPOCH_NUM: epoch})
+            log.end(constants.EVAL_STOP, metadata={constants.EPOCH_NUM: epoch})
+        elapsed = time.time() - loop.run_start
+        metrics.append(EpochMetrics(epoch, loop.step, lr, loss, images_per_s, accuracy, elapsed))
+        progress.end_epoch(epoch_line(epoch, cfg.run.max_epochs, loss, lr, images_per_s, accuracy))
+        loop.epoch = epoch + 1
+        if accuracy is not None and accuracy >= cfg.mlperf.target_accuracy:
+            return constants.SUCCESS, accuracy
+        if cfg.run.checkpoint and epoch < cfg.run.max_epochs:
+            save_checkpoint(cfg, backend, loop, log, metrics, out_dir)
+    return constants.ABORTED, accuracy
+
+
+def train_epoch(
+    backend: backends.Backend,
+    loader: torch.utils.data.DataLoader,
+    schedule: Schedule,
+    loop: Loop,
+    epoch: int,
+    progress: Progress,
+) -> tuple[float, float]:
+    """One pass over the training data; returns the mean loss (one host sync per epoch) and the last lr."""
+    loader.sampler.set_epoch(epoch)
+    progress.start_epoch(epoch, len(loader))
+    losses, lr = [], schedule(loop.step)
+    for i, (images, labels) in enumerate(loader, 1):
+        lr = schedule(loop.step)
+        loss = backend.train_step(images, labels, lr)
+        loop.step += 1
+        losses.append(loss)
+        progress.step(i, loss, lr)
+    return float(torch.stack(losses).mean()), lr
+
+
+def evaluate(backend: backends.Backend, loader: torch.utils.data.DataLoader) -> float:
+    """Top-1 accuracy over every validation image, as a fraction."""
+    correct = sum(backend.eval_step(images, labels) for images, labels in loader)
+    return int(correct) / len(loader.dataset)
+
+
+def eval_epochs(max_epochs: int, first: int, every: int) -> set[int]:
+    """The MLPerf schedule: every `every` epochs starting at `first`, and the last epoch of the budget."""
+    return set(range(first, max_epochs + 1, every)) | {max_epochs}
+
+
+def make_loader(
+    cfg: Config, split: Split, topology: Topology, *, train: bool, batch: int, device: torch.device
+) -> torch.utils.data.DataLoader:
+    data = cfg.data
+    dataset = CropDataset(
+        split, train=train, size=data.image_size, area_min=data.crop_area_min, eval_resize=data.eval_resize
+    )
+    sampler = ShardedSampler(
+        len(split),
+        seed=cfg.run.seed,
+        shuffle=train,
+        global_batch=data.global_batch,
+        rank=topology.rank,
+        world_size=topology.world_size,
+    )
+    return build_loader(dataset, sampler, batch=batch, workers=data.workers, pin_memory=device.type == "cuda")
+
+
+def make_schedule(cfg: Config, steps_per_epoch: int) -> Schedule:
+    optim = cfg.optim
+    warmup_steps = steps_from_epochs(optim.warmup_epochs, steps_per_epoch)
+    decay_epochs = optim.decay_epochs or cfg.run.max_epochs - optim.warmup_epochs
+    return Schedule(
+        base_lr=optim.base_lr,
+        warmup_steps=warmup_steps,
+        decay_steps=max(1, steps_from_epochs(decay_epochs, steps_per_epoch)),
+        end_lr=optim.end_lr,
+        power=optim.poly_power,
+    )
+
+
+def hyperparameters(
+    cfg: Config, schedule: Schedule, per_rank_batch: int, train_split: Split, val_split: Split
+) -> Hyperparameters:
+    return Hyperparameters(
+        optimizer=cfg.optim.name,
+        global_batch=cfg.data.global_batch,
+        grad_accum=cfg.dist.grad_accum,
+        bn_span=per_rank_batch // cfg.dist.grad_accum,
+        train_samples=len(train_split),
+        eval_samples=len(val_split),
+        base_lr=cfg.optim.base_lr,
+        end_lr=cfg.optim.end_lr,
+        poly_power=cfg.optim.poly_power,
+        decay_steps=schedule.decay_steps,
+        warmup_epochs=cfg.optim.warmup_epochs,
+        momentum=cfg.optim.momentum,
+        weight_decay=cfg.optim.weight_decay,
+    )
+
+
+def restore_point(cfg: Config, out_dir: Path) -> dict | None:
+    """The checkpoint to continue from (run.resume=auto and one exists in the output directory), else None.
+
+    A new run never writes into a directory that already holds an MLPerf log: two runs in one log would
+    make it fail the checker.
+    """
+    path = out_dir / CHECKPOINT
+    if cfg.run.resume == "auto" and path.exists():
+        return checkpoint.load(path, training_fingerprint(cfg))
+    if (out_dir / cfg.mlperf.log_file).exists():
+        state = "a finished run" if (out_dir / FINAL_WEIGHTS).exists() else "a run with no checkpoint to resume"
+        raise ConfigError("run.resume", f"{out_dir} already holds {state}; give a new hydra.run.dir")
+    return None
+
+
+def resume(state: dict, backend: backends.Backend, log: MLPerfLogger, metrics: MetricsCSV) -> Loop:
+    """Continue exactly where the checkpoint left off; logs written after it are cut back to its sizes."""
+    try:
+        backend.load_state_dict(state["backend"])
+    except (RuntimeError, KeyError, ValueError) as err:
+        raise CheckpointError(f"checkpoint does not fit this model and optimizer: {err}") from err
+    checkpoint.set_rng_state(state["rng"])
+    if log.path is not None:
+        truncate_to(log.path, state["log_sizes"]["mlperf"])
+    truncate_to(metrics.path, state["log_sizes"]["metrics"])
+    loop = Loop(**state["loop"])
+    print(f"resuming at epoch {loop.epoch} (step {loop.step})", flush=True)
+    return loop
+
+
+def save_checkpoint(
+    cfg: Config, backend: backends.Backend, loop: Loop, log: MLPerfLogger, metrics: MetricsCSV, out_dir: Path
+) -> None:
+    if log.path is None:
+        return
+    checkpoint.save(
+        out_dir / CHECKPOINT,
+        {
+            "backend": backend.state_dict(),
+            "loop": vars(loop),
+            "rng": checkpoint.rng_state(),
+            "log_sizes": {"mlperf": log.path.stat().st_size, "metrics": metrics.path.stat().st_size},
+            "fingerprint": training_fingerprint(cfg),
+        },
+    )
+
+
+def seed_everything(seed: int, rank: int) -> None:
+    """One seed drives Python, NumPy and torch; each rank offsets it."""
+    random.seed(seed + rank)
+    np.random.seed(seed + rank)
+    torch.manual_seed(seed + rank)
+
+
+def select_device(name: str, threads: int) -> torch.device:
+    if threads:
+        torch.set_num_threads(threads)
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("device.name", "cuda was asked for but no CUDA device is available (use device=cpu)")
+    return torch.device(name)
+
+
+def epoch_line(epoch: int, max_epochs: int, loss: float, lr: float, ips: float, accuracy: float | None) -> str:
+    line = f"epoch {epoch:3d}/{max_epochs}  loss {loss:.4f}  lr {lr:.4g}  {ips:7.1f} img/s"
+    return line + (f"  eval top-1 {accuracy:.4f}" if accuracy is not None else "")
+
+
+def print_summary(status: str, accuracy: float | None, loop: Loop, out_dir: Path) -> None:
+    minutes = (time.time() - loop.run_start) / 60
+    shown = "n/a" if accuracy is None else f"{accuracy:.4f}"
+    print(
+        f"\nrun_stop status {status}: {loop.epoch - 1} epochs, eval top-1 {shown}, "
+        f"time to train {minutes:.2f} min\noutputs: {out_dir}",
+        flush=True,
+    )
+
+
+if __name__ == "__main__":
+    os.environ["HYDRA_FULL_ERROR"] = "1"  # let configuration errors reach the handler below as exceptions
+    try:
+        main()
+    except USER_ERRORS as err:
+        cause = f"\n{err.__cause__}" if isinstance(err, HydraException) and err.__cause__ else ""
+        print(f"error: {err}{cause}", file=sys.stderr)
+        sys.exit(2)
