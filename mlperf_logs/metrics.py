@@ -10,6 +10,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
+from matplotlib.ticker import MaxNLocator
 
 
 @dataclass
@@ -49,6 +50,7 @@ def plot(rows: list[dict[str, str]], path: Path, target: float) -> None:
     fig, loss_ax = plt.subplots(figsize=(7, 4))
     loss_ax.plot(epochs, [float(r["train_loss"]) for r in rows], "o-", color="tab:blue", label="train loss")
     loss_ax.set_xlabel("epoch")
+    loss_ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     loss_ax.set_ylabel("train loss", color="tab:blue")
     acc_ax = loss_ax.twinx()
     if evals:
@@ -56,7 +58,7 @@ def plot(rows: list[dict[str, str]], path: Path, target: float) -> None:
     acc_ax.axhline(target, color="tab:orange", linestyle=":", label=f"target {target}")
     acc_ax.set_ylim(0, 1)
     acc_ax.set_ylabel("eval top-1", color="tab:orange")
+    fig.tight_layout(rect=(0, 0, 1, 0.92))
     fig.legend(loc="upper center", ncol=3, fontsize="small")
-    fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import sys
-import time
 
 import torch
 from tqdm import tqdm
@@ -19,10 +18,8 @@ class Progress:
         self.max_epochs = max_epochs
         self.images_per_step = images_per_step
         self._bar: tqdm | None = None
-        self._started = 0.0
 
     def start_epoch(self, epoch: int, steps: int) -> None:
-        self._started = time.perf_counter()
         if self.mode == "bar":
             self._bar = tqdm(
                 total=steps * self.images_per_step,
@@ -44,6 +41,3 @@ class Progress:
             self._bar = None
         if self.mode != "none":
             print(line, flush=True)
-
-    def seconds_in_epoch(self) -> float:
-        return time.perf_counter() - self._started

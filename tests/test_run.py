@@ -31,7 +31,7 @@ def compliance_check(log: Path) -> subprocess.CompletedProcess[str]:
         "--ruleset",
         "4.0.0",
     ]
-    return subprocess.run([*command, str(log)], capture_output=True, text=True, cwd=REPO)
+    return subprocess.run([*command, str(log)], capture_output=True, text=True, cwd=log.parent)
 
 
 @pytest.mark.parametrize(("optimizer", "lr"), [("lars", 4.0), ("sgd", 0.05)])
