@@ -59,8 +59,7 @@ def main(raw: DictConfig) -> None:
     topology = Topology()
     cfg: Config = OmegaConf.to_object(raw)
     validate(cfg, topology.world_size)
-    (out_dir / "config.yaml").write_text(OmegaConf.to_yaml(raw, resolve=True))
-    train(cfg, out_dir, topology)
+    train(cfg, out_dir, topology, resolved=OmegaConf.to_yaml(raw, resolve=True))
 
 
 @dataclass
@@ -72,10 +71,12 @@ class Loop:
     run_start: float = 0.0
 
 
-def train(cfg: Config, out_dir: Path, topology: Topology) -> None:
+def train(cfg: Config, out_dir: Path, topology: Topology, resolved: str) -> None:
     device = select_device(cfg.device.name, cfg.device.threads)
     resumed = restore_point(cfg, out_dir)
     log = MLPerfLogger(out_dir / cfg.mlperf.log_file if topology.is_main else None)
+    if topology.is_main:
+        (out_dir / "config.yaml").write_text(resolved)
     if resumed is None:
         log.event(constants.CACHE_CLEAR, True)
         log.start(constants.INIT_START)

@@ -56,9 +56,12 @@ def test_smoke_run_reaches_target_and_its_log_passes_the_compliance_checker(opti
 
 def test_a_new_run_refuses_a_directory_that_holds_a_log(cache_dir, tmp_path):
     (tmp_path / "mlperf.log").write_text(":::MLLOG {}\n")
+    (tmp_path / "config.yaml").write_text("earlier run\n")
     result = run_train("experiment=smoke", f"hydra.run.dir={tmp_path}", cache=cache_dir)
     assert result.returncode == 2
     assert "run.resume" in result.stderr and "new hydra.run.dir" in result.stderr
+    assert (tmp_path / "mlperf.log").read_text() == ":::MLLOG {}\n"
+    assert (tmp_path / "config.yaml").read_text() == "earlier run\n"
 
 
 RESUME_RUN = ("experiment=smoke", "run.max_epochs=3", "mlperf.target_accuracy=1.0")
