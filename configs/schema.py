@@ -13,6 +13,8 @@ from pathlib import Path
 
 from hydra.core.config_store import ConfigStore
 
+from data.synthetic import MAX_CLASSES
+
 
 class ConfigError(ValueError):
     """A configuration value a user can fix: `key` names it, the message says what is allowed."""
@@ -135,7 +137,9 @@ def _positive(value: float, key: str) -> None:
 
 
 def _is_power_of_two_times(value: float, unit: float) -> bool:
-    exponent = math.log2(value / unit) if value > 0 else 0.5
+    if value <= 0:
+        return False
+    exponent = math.log2(value / unit)
     return abs(exponent - round(exponent)) < 1e-9
 
 
@@ -162,7 +166,7 @@ def _validate_model(model: ModelConfig) -> None:
 
 def _validate_data(data: DataConfig, batch_divisor: int) -> None:
     _one_of(data.name, "data.name", ("synthetic", "imagenet"))
-    if data.name == "imagenet" or data.root is not None:
+    if data.name == "imagenet":
         _require(data.root is not None, "data.root", "ImageNet needs data.root=/path/to/imagenet")
         root = Path(str(data.root)).expanduser()
         _require(root.is_dir(), "data.root", f"directory {root} does not exist")
@@ -184,7 +188,11 @@ def _validate_data(data: DataConfig, batch_divisor: int) -> None:
     _positive(data.eval_batch, "data.eval_batch")
     _require(data.workers >= 0, "data.workers", f"must be 0 or more, got {data.workers}")
     syn = data.synthetic
-    _require(syn.classes >= 2, "data.synthetic.classes", f"must be at least 2, got {syn.classes}")
+    _require(
+        2 <= syn.classes <= MAX_CLASSES,
+        "data.synthetic.classes",
+        f"must be in [2, {MAX_CLASSES}], got {syn.classes}",
+    )
     _positive(syn.train_per_class, "data.synthetic.train_per_class")
     _positive(syn.val_per_class, "data.synthetic.val_per_class")
 

@@ -18,6 +18,7 @@ from tests.conftest import run_train
         (["optim.weight_decay=3e-4"], "optim.weight_decay: closed division allows 0.0001 * 2^N"),
         (["optim.no_such_key=1"], "no_such_key"),
         (["mlperf.first_eval=5"], "mlperf.first_eval: must be in [1, mlperf.eval_every=1]"),
+        (["data.synthetic.classes=300"], "data.synthetic.classes: must be in [2, 256], got 300"),
     ],
 )
 def test_bad_values_exit_2_with_a_message_naming_the_key(overrides, message, tmp_path):
@@ -43,4 +44,20 @@ def test_sgd_closed_division_rules():
     with pytest.raises(ConfigError, match=r"multiple of 0\.001"):
         validate(cfg)
     cfg.optim.base_lr = 0.256
+    validate(cfg)
+
+
+def test_synthetic_root_that_is_not_a_dataset_is_refused_untouched(tmp_path):
+    root = tmp_path / "mine"
+    root.mkdir()
+    (root / "notes.txt").write_text("keep me")
+    result = run_train(f"data.root={root}", f"hydra.run.dir={tmp_path / 'run'}", cache=tmp_path)
+    assert result.returncode == 2, result.stderr
+    assert "is not a synthetic dataset" in result.stderr and "Traceback" not in result.stderr
+    assert (root / "notes.txt").read_text() == "keep me"
+
+
+def test_synthetic_set_is_generated_into_a_new_root(tmp_path):
+    cfg = Config()
+    cfg.data.root = str(tmp_path / "not-yet-there")
     validate(cfg)
