@@ -4,16 +4,21 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PILLOW_SIMD := pillow-simd==12.1.1.post0
 STAMP := $(VENV)/.installed
+# The fused JPEG decoder, compiled here from source against Debian's libjpeg-turbo headers.
+PY_INCLUDE := $(shell $(PYTHON) -c "import sysconfig; print(sysconfig.get_paths()['include'])")
+EXT_SUFFIX := $(shell $(PYTHON) -c "import sysconfig; print(sysconfig.get_config_var('EXT_SUFFIX'))")
+JPEG_EXT := data/jpeg/_jpeg$(EXT_SUFFIX)
+JPEG_CFLAGS := -O3 -mavx2 -fPIC -shared -Wall -Wextra -Wno-unused-parameter -Wno-missing-field-initializers -Werror
 
-.PHONY: train test test-all lint clean-venv
+.PHONY: train test test-all lint native clean-venv
 
-train: $(STAMP)
+train: $(STAMP) $(JPEG_EXT)
 	$(PY) train.py $(ARGS)
 
-test: $(STAMP)
+test: $(STAMP) $(JPEG_EXT)
 	$(PY) -m pytest -q -m "not slow" $(ARGS)
 
-test-all: $(STAMP)
+test-all: $(STAMP) $(JPEG_EXT)
 	$(PY) -m pytest -q $(ARGS)
 
 lint: $(STAMP)
@@ -27,6 +32,12 @@ $(STAMP): requirements.txt Makefile
 	CC="cc -mavx2" $(PY) -m pip install -q --no-deps --no-binary pillow-simd --force-reinstall $(PILLOW_SIMD)
 	$(PY) -c "import PIL.features, sys; sys.exit(not PIL.features.check('jpg'))"
 	touch $(STAMP)
+
+native: $(JPEG_EXT)
+
+$(JPEG_EXT): data/jpeg/_jpeg.c
+	@test -f /usr/include/jpeglib.h || { echo "error: libjpeg headers missing: apt-get install libjpeg62-turbo-dev"; exit 2; }
+	cc $(JPEG_CFLAGS) -I$(PY_INCLUDE) $< -ljpeg -lm -o $@
 
 clean-venv:
 	rm -rf $(VENV)

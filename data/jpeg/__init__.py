@@ -1,0 +1,67 @@
+"""Decode only the crop of a JPEG, resized and flipped, straight into a batch slot (C over libjpeg-turbo).
+
+Files that are images but not JPEGs (ImageNet has a PNG named .JPEG) go through PIL with the same geometry.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from data.jpeg import _jpeg, pil
+
+Box = tuple[int, int, int, int]
+
+DecodeError = _jpeg.DecodeError
+corrupt_warnings = _jpeg.corrupt_warnings
+
+JPEG_MAGIC = b"\xff\xd8"
+
+
+def image_size(data: bytes, name: str | None = None) -> tuple[int, int]:
+    """(height, width) from the header alone."""
+    with _named(name):
+        return _jpeg.image_size(data) if data[:2] == JPEG_MAGIC else pil.image_size(data)
+
+
+def decode_crop(
+    data: bytes,
+    crop: Box | None,
+    size: tuple[int, int],
+    flip: bool = False,
+    out: np.ndarray | None = None,
+    name: str | None = None,
+) -> np.ndarray:
+    """Decode `crop` (top, left, height, width in original pixels; None = whole image) resized to `size`.
+
+    The result is what PIL's crop, antialiased bilinear resize and horizontal flip give, as (height, width, 3)
+    uint8 RGB, written into `out` when given (a C-contiguous uint8 array of that shape, e.g. one slot of a batch).
+    """
+    if out is None:
+        out = np.empty((*size, 3), np.uint8)
+    elif out.shape != (*size, 3) or out.dtype != np.uint8 or not out.flags.c_contiguous:
+        raise ValueError(f"out must be a C-contiguous uint8 array of shape {(*size, 3)}, not {out.dtype} {out.shape}")
+    with _named(name):
+        if data[:2] == JPEG_MAGIC:
+            _jpeg.decode_crop(data, crop, size, flip, out)
+        else:
+            out[...] = pil.decode_crop(data, crop, size, flip)
+    return out
+
+
+def entropy_decode(data: bytes, crop: Box | None) -> None:
+    """Huffman-decode the rows down to the crop's bottom and nothing else: the floor a fused decode can reach."""
+    _jpeg.entropy_decode(data, crop)
+
+
+class _named:
+    """Prefix a DecodeError's message with the file it came from, where known."""
+
+    def __init__(self, name: str | None) -> None:
+        self.name = name
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: type | None, err: BaseException | None, tb: object) -> None:
+        if self.name is not None and isinstance(err, DecodeError):
+            raise DecodeError(f"{self.name}: {err}") from None
