@@ -33,7 +33,7 @@ from backends.checkpoint import CheckpointError
 from configs.schema import Config, ConfigError, register, training_fingerprint, validate
 from data.datasets import open_dataset
 from data.folder import DatasetError, Split
-from data.loader import CropDataset, build_loader
+from data.loader import Crops, Loader, build_loader
 from data.sampler import ShardedSampler
 from data.synthetic import SyntheticSpec
 from distributed import Topology
@@ -138,8 +138,8 @@ def train(cfg: Config, out_dir: Path, topology: Topology, resolved: str) -> None
 def train_to_target(
     cfg: Config,
     backend: backends.Backend,
-    train_loader: torch.utils.data.DataLoader,
-    val_loader: torch.utils.data.DataLoader,
+    train_loader: Loader,
+    val_loader: Loader,
     schedule: Schedule,
     loop: Loop,
     log: MLPerfLogger,
@@ -187,14 +187,14 @@ def train_to_target(
 
 def train_epoch(
     backend: backends.Backend,
-    loader: torch.utils.data.DataLoader,
+    loader: Loader,
     schedule: Schedule,
     loop: Loop,
     epoch: int,
     progress: Progress,
 ) -> tuple[float, float]:
     """One pass over the training data; returns the mean loss (one host sync per epoch) and the last lr."""
-    loader.sampler.set_epoch(epoch)
+    loader.set_epoch(epoch)
     progress.start_epoch(epoch, len(loader))
     losses, lr = [], schedule(loop.step)
     for i, (images, labels) in enumerate(loader, 1):
@@ -206,7 +206,7 @@ def train_epoch(
     return float(torch.stack(losses).mean()), lr
 
 
-def evaluate(backend: backends.Backend, loader: torch.utils.data.DataLoader) -> float:
+def evaluate(backend: backends.Backend, loader: Loader) -> float:
     """Top-1 accuracy over every validation image, as a fraction."""
     correct = sum(backend.eval_step(images, labels) for images, labels in loader)
     return int(correct) / len(loader.dataset)
@@ -219,11 +219,9 @@ def eval_epochs(max_epochs: int, first: int, every: int) -> set[int]:
 
 def make_loader(
     cfg: Config, split: Split, topology: Topology, *, train: bool, batch: int, device: torch.device
-) -> torch.utils.data.DataLoader:
+) -> Loader:
     data = cfg.data
-    dataset = CropDataset(
-        split, train=train, size=data.image_size, area_min=data.crop_area_min, eval_resize=data.eval_resize
-    )
+    crops = Crops(train=train, size=data.image_size, area_min=data.crop_area_min, eval_resize=data.eval_resize)
     sampler = ShardedSampler(
         len(split),
         seed=cfg.run.seed,
@@ -232,7 +230,16 @@ def make_loader(
         rank=topology.rank,
         world_size=topology.world_size,
     )
-    return build_loader(dataset, sampler, batch=batch, workers=data.workers, pin_memory=device.type == "cuda")
+    return build_loader(
+        split,
+        crops,
+        sampler,
+        batch=batch,
+        workers=data.workers,
+        pin_memory=device.type == "cuda",
+        bad_files=data.bad_files,
+        cache_bytes=data.cache_bytes,
+    )
 
 
 def make_schedule(cfg: Config, steps_per_epoch: int) -> Schedule:

@@ -50,6 +50,8 @@ class DataConfig:
     global_batch: int = 256
     eval_batch: int = 256
     workers: int = 2  # loader processes per rank; 0 loads in the training process
+    bad_files: str = "skip"  # skip: replace an unreadable file by another sample and report it once | fail
+    cache_bytes: bool = False  # keep every file's bytes in memory (read once, shared by the workers)
     synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
 
 
@@ -187,6 +189,7 @@ def _validate_data(data: DataConfig, batch_divisor: int) -> None:
     )
     _positive(data.eval_batch, "data.eval_batch")
     _require(data.workers >= 0, "data.workers", f"must be 0 or more, got {data.workers}")
+    _one_of(data.bad_files, "data.bad_files", ("skip", "fail"))
     syn = data.synthetic
     _require(
         2 <= syn.classes <= MAX_CLASSES,

@@ -1,77 +1,158 @@
-"""Batches of uint8 NHWC images: read the file, draw the crop box from the header size, decode only the box."""
+"""Batches of uint8 NHWC images, decoded in worker processes straight into shared memory.
+
+Each worker takes a whole batch of (index, seed) pairs, reads each file (or its cached bytes), draws the crop
+box from the header size, and decodes only the box into the batch's slot. The batch tensor lives in shared
+memory from the start, so it reaches the training process without a copy; uint8 travels, the model normalises.
+An unreadable file is replaced by another sample and reported once, or ends the run, as `bad_files` says.
+"""
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import NamedTuple
+
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import BatchSampler, DataLoader, Dataset, get_worker_info
 
-from data.decode import DecodeError, decode_crop, image_size
+from data import jpeg
 from data.folder import DatasetError, Split
 from data.sampler import ShardedSampler
 from data.transforms import centre_crop_box, random_resized_crop_box
 
+log = logging.getLogger(__name__)
+
 Batch = tuple[torch.Tensor, torch.Tensor]
+BAD_FILE_POLICIES = ("skip", "fail")
+REPLACEMENT_TRIES = 10
+WORKER_TIMEOUT_S = 600  # a worker that sends nothing for this long is an error, not a hang
 
 
-class CropDataset(Dataset):
-    """One split, indexed by (dataset index, sample seed) as `ShardedSampler` yields them.
+@dataclass(frozen=True)
+class Crops:
+    """How a split is cropped: random-resized crops and flips for training, a centre crop for evaluation."""
 
-    Training samples a random-resized crop and a flip from the sample seed; evaluation resizes the short
-    side to `eval_resize` and centre-crops, both expressed as a box in original pixels.
+    train: bool
+    size: int
+    area_min: float = 0.08
+    eval_resize: int = 256
+
+
+class Decoded(NamedTuple):
+    """One worker's batch: the images, their labels, the files it skipped (path, reason) and a fatal error.
+
+    Data errors travel back as values, so the training process raises them with a plain message.
     """
 
-    def __init__(self, split: Split, *, train: bool, size: int, area_min: float, eval_resize: int) -> None:
+    images: torch.Tensor
+    labels: torch.Tensor
+    skipped: list[tuple[str, str]]
+    error: str | None
+
+
+class BatchDataset(Dataset):
+    """One split, indexed by a whole batch of (dataset index, sample seed) pairs."""
+
+    def __init__(self, split: Split, crops: Crops, *, bad_files: str = "skip", cache_bytes: bool = False) -> None:
+        if bad_files not in BAD_FILE_POLICIES:
+            raise ValueError(f"bad_files must be one of {BAD_FILE_POLICIES}, not {bad_files!r}")
         self.split = split
-        self.train = train
-        self.size = size
-        self.area_min = area_min
-        self.eval_resize = eval_resize
+        self.crops = crops
+        self.bad_files = bad_files
+        # Read in the parent before the workers fork, so they share the pages instead of each reading the files.
+        self.cache = [path.read_bytes() for path in split.paths] if cache_bytes else None
 
     def __len__(self) -> int:
         return len(self.split)
 
-    def __getitem__(self, item: tuple[int, int]) -> tuple[np.ndarray, int]:
-        index, seed = item
-        path = self.split.paths[index]
-        data = path.read_bytes()
+    def __getitem__(self, items: list[tuple[int, int]]) -> Decoded:
+        size = self.crops.size
+        images = torch.empty((len(items), size, size, 3), dtype=torch.uint8)
+        if get_worker_info() is not None:
+            images.share_memory_()  # decode into the memory the batch is handed over in
+        labels = torch.empty(len(items), dtype=torch.int64)
+        skipped: list[tuple[str, str]] = []
         try:
-            height, width = image_size(data)
-            if self.train:
-                generator = torch.Generator().manual_seed(seed)
-                box = random_resized_crop_box(height, width, self.area_min, generator)
-                flip = bool(torch.rand((), generator=generator) < 0.5)
-            else:
-                box, flip = centre_crop_box(height, width, self.eval_resize, self.size), False
-            image = decode_crop(data, box, (self.size, self.size), flip)
-        except DecodeError as err:
-            raise DatasetError(f"{path}: {err}") from err
-        return image, self.split.labels[index]
+            for slot, (index, seed) in enumerate(items):
+                labels[slot] = self._decode_or_replace(images[slot].numpy(), index, seed, skipped)
+        except DatasetError as err:
+            return Decoded(images, labels, skipped, str(err))
+        return Decoded(images, labels, skipped, None)
+
+    def _decode_or_replace(self, out: np.ndarray, index: int, seed: int, skipped: list[tuple[str, str]]) -> int:
+        """Decode sample `index` into `out` and return its label; an unreadable file is swapped for another."""
+        for attempt in range(REPLACEMENT_TRIES):
+            try:
+                self.decode_into(out, index, seed)
+                return self.split.labels[index]
+            except (OSError, jpeg.DecodeError) as err:
+                if self.bad_files == "fail":
+                    raise DatasetError(f"unreadable file {err}") from err
+                skipped.append((str(self.split.paths[index]), str(err)))
+                index = (index + 1 + (seed + attempt) % max(len(self) - 1, 1)) % len(self)
+        raise DatasetError(f"{REPLACEMENT_TRIES} unreadable files in a row, the last {skipped[-1][0]}")
+
+    def decode_into(self, out: np.ndarray, index: int, seed: int) -> None:
+        """Read sample `index`, draw its crop (from `seed` when training) and decode it into `out`."""
+        path = self.split.paths[index]
+        data = self.cache[index] if self.cache is not None else path.read_bytes()
+        height, width = jpeg.image_size(data, name=str(path))
+        crops = self.crops
+        if crops.train:
+            box, flip = random_resized_crop_box(height, width, crops.area_min, seed)
+        else:
+            box, flip = centre_crop_box(height, width, crops.eval_resize, crops.size), False
+        jpeg.decode_crop(data, box, (crops.size, crops.size), flip, out=out, name=str(path))
 
 
-def collate(samples: list[tuple[np.ndarray, int]]) -> Batch:
-    images = torch.from_numpy(np.stack([image for image, _ in samples]))
-    labels = torch.tensor([label for _, label in samples], dtype=torch.int64)
-    return images, labels
+class Loader:
+    """Iterates (images, labels) batches for one rank; reports each skipped file once, by its path."""
+
+    def __init__(self, dataset: BatchDataset, sampler: ShardedSampler, *, batch: int, workers: int, pin: bool):
+        self.dataset = dataset
+        self.sampler = sampler
+        self.skipped: dict[str, str] = {}
+        self._loader = DataLoader(
+            dataset,
+            batch_size=None,
+            sampler=BatchSampler(sampler, batch, drop_last=dataset.crops.train),
+            num_workers=workers,
+            pin_memory=pin,
+            persistent_workers=workers > 0,
+            prefetch_factor=2 if workers > 0 else None,
+            timeout=WORKER_TIMEOUT_S if workers > 0 else 0,
+        )
+
+    def set_epoch(self, epoch: int) -> None:
+        self.sampler.set_epoch(epoch)
+
+    def __len__(self) -> int:
+        return len(self._loader)
+
+    def __iter__(self) -> Iterator[Batch]:
+        for decoded in self._loader:
+            for path, reason in decoded.skipped:
+                if path not in self.skipped:
+                    self.skipped[path] = reason
+                    log.warning("skipped an unreadable file: %s", reason)
+            if decoded.error is not None:
+                raise DatasetError(decoded.error)
+            yield decoded.images, decoded.labels
 
 
 def build_loader(
-    dataset: CropDataset,
+    split: Split,
+    crops: Crops,
     sampler: ShardedSampler,
     *,
     batch: int,
     workers: int,
     pin_memory: bool = False,
-) -> DataLoader:
-    """A loader of full (training) or trailing-partial (evaluation) batches of uint8 NHWC images."""
-    return DataLoader(
-        dataset,
-        batch_size=batch,
-        sampler=sampler,
-        num_workers=workers,
-        collate_fn=collate,
-        pin_memory=pin_memory,
-        drop_last=dataset.train,
-        persistent_workers=workers > 0,
-        prefetch_factor=4 if workers > 0 else None,
-    )
+    bad_files: str = "skip",
+    cache_bytes: bool = False,
+) -> Loader:
+    """Full batches (training) or every sample with a trailing partial batch (evaluation), uint8 NHWC."""
+    dataset = BatchDataset(split, crops, bad_files=bad_files, cache_bytes=cache_bytes)
+    return Loader(dataset, sampler, batch=batch, workers=workers, pin=pin_memory)

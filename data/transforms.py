@@ -13,18 +13,23 @@ Box = tuple[int, int, int, int]
 CROP_RATIO = (3 / 4, 4 / 3)  # the MLPerf reference's aspect-ratio range
 
 
-def random_resized_crop_box(height: int, width: int, area_min: float, generator: torch.Generator) -> Box:
-    """torchvision's RandomResizedCrop parameters (10 tries, then a centre crop) for an image of this size.
+def random_resized_crop_box(height: int, width: int, area_min: float, seed: int) -> tuple[Box, bool]:
+    """torchvision's RandomResizedCrop parameters (10 tries, then a centre crop) and a coin for the flip.
 
-    torchvision draws from torch's global generator; the draw runs inside `fork_rng` seeded from `generator`,
-    so each sample's box depends on its own seed only, whatever process or worker draws it.
+    torchvision draws from torch's global generator: the draw reseeds it from `seed` and puts its state back
+    after, so each sample's box depends on its own seed only, whatever process or worker draws it. (Seeding
+    the generator alone costs microseconds; torch.manual_seed also visits every device, hundreds of them.)
     """
-    seed = int(torch.randint(0, 2**62, (1,), generator=generator))
+    generator = torch.default_generator
+    state = generator.get_state()
+    generator.manual_seed(seed)
     shape_only = torch.empty(()).expand(1, height, width)  # get_params reads the size, never the pixels
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
+    try:
         top, left, h, w = RandomResizedCrop.get_params(shape_only, scale=(area_min, 1.0), ratio=CROP_RATIO)
-    return top, left, h, w
+        flip = bool(torch.rand(()) < 0.5)
+    finally:
+        generator.set_state(state)
+    return (top, left, h, w), flip
 
 
 def centre_crop_box(height: int, width: int, resize: int, size: int) -> Box:

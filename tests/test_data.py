@@ -1,13 +1,13 @@
 import io
+import os
 
 import numpy as np
 import pytest
 import torch
 from PIL import Image
 
-from data.decode import DecodeError, decode_crop, image_size
 from data.folder import DatasetError, find_classes, index_split
-from data.loader import CropDataset, build_loader
+from data.loader import BatchDataset, Crops, Loader, build_loader
 from data.sampler import ShardedSampler
 from data.transforms import centre_crop_box, random_resized_crop_box
 
@@ -23,22 +23,20 @@ def jpeg_bytes(height: int, width: int, seed: int = 0) -> bytes:
 
 
 def test_random_resized_crop_box_is_inside_the_image_and_seeded():
-    boxes = []
-    for seed in range(200):
-        top, left, h, w = random_resized_crop_box(375, 500, 0.08, torch.Generator().manual_seed(seed))
+    draws = [random_resized_crop_box(375, 500, 0.08, seed) for seed in range(200)]
+    for (top, left, h, w), _ in draws:
         assert top >= 0 and top + h <= 375 and left >= 0 and left + w <= 500
         assert 0.08 * 375 * 500 * 0.99 <= h * w <= 375 * 500
-        boxes.append((top, left, h, w))
-    assert len(set(boxes)) > 190
-    again = random_resized_crop_box(375, 500, 0.08, torch.Generator().manual_seed(7))
-    assert again == boxes[7]
+    assert len({box for box, _ in draws}) > 190
+    assert 60 < sum(flip for _, flip in draws) < 140
+    assert random_resized_crop_box(375, 500, 0.08, 7) == draws[7]
 
 
 def test_crop_box_draw_leaves_the_global_generator_alone():
     torch.manual_seed(3)
     expected = torch.rand(3)
     torch.manual_seed(3)
-    random_resized_crop_box(300, 400, 0.08, torch.Generator().manual_seed(1))
+    random_resized_crop_box(300, 400, 0.08, 1)
     assert torch.equal(torch.rand(3), expected)
 
 
@@ -47,27 +45,6 @@ def test_centre_crop_box_matches_resize_then_centre_crop():
     top, left, h, w = centre_crop_box(375, 500, 256, 224)
     assert (h, w) == (328, 328)
     assert abs(top - (375 - 328) / 2) <= 1 and abs(left - (500 - 328) / 2) <= 1
-
-
-def test_decode_crop_shape_flip_and_scaled_decode():
-    data = jpeg_bytes(400, 600)
-    assert image_size(data) == (400, 600)
-    whole = decode_crop(data, None, (40, 60))
-    assert whole.shape == (40, 60, 3) and whole.dtype == np.uint8
-    flipped = decode_crop(data, None, (40, 60), flip=True)
-    np.testing.assert_array_equal(flipped, whole[:, ::-1])
-    # The right half of the image: red (x gradient) is high there. DCT-scaled decoding (crop 300 px -> 32 px)
-    # must agree with a full decode, resized, to within JPEG's and the scaling's error.
-    right = decode_crop(data, (0, 300, 400, 300), (32, 32))
-    reference = np.asarray(Image.open(io.BytesIO(data)).convert("RGB").crop((300, 0, 600, 400)).resize((32, 32)))
-    assert right[..., 0].min() > 120
-    assert np.abs(right.astype(int) - reference.astype(int)).mean() < 4
-
-
-@pytest.mark.parametrize("data", [b"", b"not an image at all", jpeg_bytes(64, 64)[:200]])
-def test_undecodable_bytes_raise_decode_error(data: bytes):
-    with pytest.raises(DecodeError):
-        decode_crop(data, None, (16, 16))
 
 
 def test_sampler_shards_are_disjoint_full_batches_and_change_per_epoch():
@@ -100,18 +77,41 @@ def tiny_tree(tmp_path):
     return tmp_path
 
 
+def loader_for(root, *, split="train", workers=0, batch=4, **options) -> Loader:
+    classes = find_classes(root)
+    samples = index_split(root, split, classes)
+    train = split == "train"
+    sampler = ShardedSampler(len(samples), seed=1, shuffle=train, global_batch=batch)
+    crops = Crops(train=train, size=32, area_min=0.08, eval_resize=37)
+    return build_loader(samples, crops, sampler, batch=batch, workers=workers, **options)
+
+
 def test_folder_index_and_loader_give_uint8_nhwc_batches(tiny_tree):
     classes = find_classes(tiny_tree)
     train = index_split(tiny_tree, "train", classes)
     assert classes == ("n01", "n02") and len(train) == 6 and train.labels == (0, 0, 0, 1, 1, 1)
-    dataset = CropDataset(train, train=True, size=32, area_min=0.08, eval_resize=37)
-    loader = build_loader(dataset, ShardedSampler(6, seed=1, shuffle=True, global_batch=4), batch=4, workers=0)
-    batches = list(loader)
+    batches = list(loader_for(tiny_tree))
     assert len(batches) == 1
     images, labels = batches[0]
     assert images.shape == (4, 32, 32, 3) and images.dtype == torch.uint8 and labels.dtype == torch.int64
-    again = next(iter(loader))
-    assert torch.equal(again[0], images)  # the same epoch draws the same crops
+
+
+def test_evaluation_reads_every_sample_with_a_partial_last_batch(tiny_tree):
+    batches = list(loader_for(tiny_tree, split="val", batch=3))
+    assert [len(labels) for _, labels in batches] == [3, 1]
+
+
+def test_the_same_seed_gives_the_same_batches_in_workers_and_from_cached_bytes(tiny_tree):
+    reference = [images for images, _ in loader_for(tiny_tree, batch=2)]
+    assert len(reference) == 3 and not torch.equal(reference[0], reference[1])
+    for options in ({"workers": 2}, {"cache_bytes": True}):
+        again = [images for images, _ in loader_for(tiny_tree, batch=2, **options)]
+        assert all(torch.equal(a, b) for a, b in zip(reference, again, strict=True)), options
+
+
+def test_worker_batches_arrive_in_shared_memory(tiny_tree):
+    images, _ = next(iter(loader_for(tiny_tree, workers=1)))
+    assert images.is_shared()
 
 
 def test_folder_index_refuses_a_val_class_that_train_lacks(tiny_tree):
@@ -120,10 +120,32 @@ def test_folder_index_refuses_a_val_class_that_train_lacks(tiny_tree):
         index_split(tiny_tree, "val", find_classes(tiny_tree))
 
 
-def test_corrupt_file_is_reported_with_its_path(tiny_tree):
-    bad = tiny_tree / "val" / "n01" / "n01_0.JPEG"
+def test_unreadable_file_is_replaced_counted_and_reported_once(tiny_tree, caplog):
+    bad = tiny_tree / "train" / "n01" / "n01_0.JPEG"
     bad.write_bytes(b"\xff\xd8\xff garbage")
-    val = index_split(tiny_tree, "val", find_classes(tiny_tree))
-    dataset = CropDataset(val, train=False, size=32, area_min=0.08, eval_resize=37)
-    with pytest.raises(DatasetError, match=r"n01_0\.JPEG"):
-        dataset[(0, 0)]
+    loader = loader_for(tiny_tree, batch=2)
+    for _ in range(2):  # two epochs: the file is met twice, reported once
+        batches = list(loader)
+    assert len(batches) == 3 and all(len(labels) == 2 for _, labels in batches)
+    assert list(loader.skipped) == [str(bad)]
+    assert [r.getMessage() for r in caplog.records].count(
+        f"skipped an unreadable file: {loader.skipped[str(bad)]}"
+    ) == 1
+    assert str(bad) in caplog.text
+
+
+def test_unreadable_file_is_fatal_by_policy_naming_the_file(tiny_tree):
+    bad = tiny_tree / "val" / "n01" / "n01_0.JPEG"
+    bad.write_bytes(b"")
+    for workers in (0, 1):
+        with pytest.raises(DatasetError, match=r"n01_0\.JPEG"):
+            list(loader_for(tiny_tree, split="val", workers=workers, bad_files="fail"))
+
+
+def test_a_dead_worker_is_an_error_not_a_hang(tiny_tree, monkeypatch):
+    def die(self, out, index, seed):
+        os._exit(3)
+
+    monkeypatch.setattr(BatchDataset, "decode_into", die)
+    with pytest.raises(RuntimeError, match="worker"):
+        list(loader_for(tiny_tree, workers=1))
