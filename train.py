@@ -125,14 +125,20 @@ def train(cfg: Config, out_dir: Path, topology: Topology, resolved: str) -> None
     else:
         loop = resume(resumed, backend, log, metrics)
 
-    status, accuracy = train_to_target(cfg, backend, train_loader, val_loader, schedule, loop, log, metrics, out_dir)
+    loaders = (train_loader, val_loader)
+    try:
+        status, accuracy = train_to_target(cfg, backend, *loaders, schedule, loop, log, metrics, out_dir)
+    except DatasetError:  # an unreadable file under data.bad_files=fail: the log still ends the run
+        log.end(constants.RUN_STOP, metadata={constants.STATUS: constants.ABORTED})
+        log.close()
+        raise
     log.end(constants.RUN_STOP, metadata={constants.STATUS: status})
     log.close()
     if topology.is_main:
         plot(metrics.read(), out_dir / "metrics.png", cfg.mlperf.target_accuracy)
         checkpoint.save_atomically(out_dir / FINAL_WEIGHTS, backend.state_dict()["model"])
         (out_dir / CHECKPOINT).unlink(missing_ok=True)  # the run is over: nothing is left to resume
-    print_summary(status, accuracy, loop, out_dir)
+    print_summary(status, accuracy, loop, out_dir, skipped={**train_loader.skipped, **val_loader.skipped})
 
 
 def train_to_target(
@@ -342,12 +348,13 @@ def epoch_line(epoch: int, max_epochs: int, loss: float, lr: float, ips: float, 
     return line + (f"  eval top-1 {accuracy:.4f}" if accuracy is not None else "")
 
 
-def print_summary(status: str, accuracy: float | None, loop: Loop, out_dir: Path) -> None:
+def print_summary(status: str, accuracy: float | None, loop: Loop, out_dir: Path, skipped: dict[str, str]) -> None:
     minutes = (time.time() - loop.run_start) / 60
     shown = "n/a" if accuracy is None else f"{accuracy:.4f}"
+    unreadable = f"\n{len(skipped)} unreadable files skipped (each reported above)" if skipped else ""
     print(
         f"\nrun_stop status {status}: {loop.epoch - 1} epochs, eval top-1 {shown}, "
-        f"time to train {minutes:.2f} min\noutputs: {out_dir}",
+        f"time to train {minutes:.2f} min{unreadable}\noutputs: {out_dir}",
         flush=True,
     )
 

@@ -376,16 +376,23 @@ def test_clean_files_add_no_corrupt_warnings():
     assert jpeg.corrupt_warnings() == before
 
 
-# --- entropy_decode (the benchmark floor) -----------------------------------------------------------------------
+# --- entropy_decode and pixel_decode (the benchmark instruments) --------------------------------------------------
+
+INSTRUMENTS = {
+    "entropy": lambda data, crop: jpeg.entropy_decode(data, crop),
+    "pixels": lambda data, crop: jpeg.pixel_decode(data, crop, (40, 56)),
+}
 
 
+@pytest.mark.parametrize("instrument", INSTRUMENTS)
 @pytest.mark.parametrize("crop", [None, (100, 50, 80, 90)], ids=["whole", "crop"])
 @pytest.mark.parametrize("encoding", ENCODINGS)
-def test_entropy_decode_runs_on_valid_files(encoding, crop):
-    assert jpeg.entropy_decode(samples.jpeg(encoding, *SMALL), crop) is None
+def test_instruments_run_on_valid_files(encoding, crop, instrument):
+    assert INSTRUMENTS[instrument](samples.jpeg(encoding, *SMALL), crop) is None
 
 
+@pytest.mark.parametrize("instrument", INSTRUMENTS)
 @pytest.mark.parametrize("name", ["empty", "garbage", "soi-only", "header-then-garbage"])
-def test_entropy_decode_refuses_garbage(name):
+def test_instruments_refuse_garbage(name, instrument):
     with pytest.raises(jpeg.DecodeError):
-        jpeg.entropy_decode(BROKEN[name], None)
+        INSTRUMENTS[instrument](BROKEN[name], None)

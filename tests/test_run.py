@@ -117,3 +117,24 @@ def test_a_damaged_or_mismatched_checkpoint_is_refused(cache_dir, tmp_path):
     assert damaged.returncode == 2
     assert "damaged or not a checkpoint" in damaged.stderr
     assert (tmp_path / "mlperf.log").read_bytes() == log_before  # refusing to resume touches nothing
+
+
+def test_an_unreadable_training_file_is_skipped_and_reported_or_fatal_by_policy(tmp_path):
+    data = ("experiment=smoke", f"data.root={tmp_path / 'data'}")
+    short = ("run.max_epochs=1", "optim.warmup_epochs=0")
+    run_train(*data, *short, f"hydra.run.dir={tmp_path / 'first'}", cache=tmp_path, check=True)  # makes the set
+    bad = sorted((tmp_path / "data" / "train").glob("*/*.JPEG"))[0]
+    bad.write_bytes(bad.read_bytes()[:300])  # truncated inside the entropy-coded data
+
+    skipped = run_train(*data, f"hydra.run.dir={tmp_path / 'skip'}", cache=tmp_path, check=True)
+    assert "1 unreadable files skipped" in skipped.stdout
+    assert (skipped.stdout + skipped.stderr).count(f"skipped an unreadable file: {bad}") == 1
+    checker = compliance_check(tmp_path / "skip" / "mlperf.log")
+    assert checker.returncode == 0, checker.stdout + checker.stderr
+
+    fatal = run_train(*data, *short, "data.bad_files=fail", f"hydra.run.dir={tmp_path / 'fail'}", cache=tmp_path)
+    assert fatal.returncode == 2
+    assert f"error: unreadable file {bad}" in fatal.stderr
+    assert "Traceback" not in fatal.stderr
+    stop = [e for e in mllog_events(tmp_path / "fail" / "mlperf.log") if e["key"] == "run_stop"]
+    assert [e["metadata"]["status"] for e in stop] == ["aborted"]

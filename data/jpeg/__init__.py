@@ -53,6 +53,14 @@ def entropy_decode(data: bytes, crop: Box | None) -> None:
     _jpeg.entropy_decode(data, crop)
 
 
+def pixel_decode(data: bytes, crop: Box | None, size: tuple[int, int]) -> None:
+    """libjpeg's part of `decode_crop(data, crop, size)`: the crop's pixels at the same DCT scale, not resized.
+
+    A benchmark instrument, like `entropy_decode`: what the fused decode costs before any resizing.
+    """
+    _jpeg.pixel_decode(data, crop, size)
+
+
 class _named:
     """Prefix a DecodeError's message with the file it came from, where known."""
 

@@ -158,13 +158,14 @@ static int plan_columns(Filter *f, int flip) {
     return 0;
 }
 
-/* The vertical pass of output row y over `n` bytes (a multiple of 32, padded): 16 bytes a step in 16 bits with
+/* The vertical pass of output row y over bytes [begin, end) in 32-byte steps (rows padded): 16 bytes a step in 16 bits with
    rounding multiplies, (p << 6) * w >> 15, whose sum (at most 255 << 9) cannot overflow. */
-static void resample_rows(const Filter *f, int y, const uint8_t *region, size_t stride, size_t n, uint8_t *dst) {
+static void resample_rows(const Filter *f, int y, const uint8_t *region, size_t stride, size_t begin, size_t end,
+                          uint8_t *dst) {
     const uint8_t *first = region + stride * (size_t)f->first[y];
     const int16_t *w = f->weights + (size_t)y * f->taps;
     const __m256i round = _mm256_set1_epi16(1 << 4);
-    for (size_t i = 0; i < n; i += 32) {
+    for (size_t i = begin; i < end; i += 32) {
         __m256i lo = _mm256_setzero_si256(), hi = _mm256_setzero_si256();
         for (int t = 0; t < f->count[y]; t++) {
             const __m256i wt = _mm256_set1_epi16(w[t]);
@@ -279,9 +280,17 @@ static Span span(int start, int length, double scale, int full) {
     return s;
 }
 
-/* Decode `crop` scaled to out_h x out_w RGB into `out`; longjmps to the caller's handler on a libjpeg error. */
-static int decode_into(struct jpeg_decompress_struct *cinfo, Buffers *buf, Box crop, int out_h, int out_w, int flip,
-                       uint8_t *out) {
+/* The decoded pixels around a crop: its edges, where the region starts in scaled pixels, and its layout. */
+typedef struct {
+    Span x, y;
+    int x0;
+    size_t stride;
+} Region;
+
+/* Decode the pixels around `crop`, at the coarsest DCT scale that keeps it at least out_h x out_w, into
+   buf->region as RGB; longjmps to the caller's handler on a libjpeg error. */
+static int read_region(struct jpeg_decompress_struct *cinfo, Buffers *buf, Box crop, int out_h, int out_w,
+                       Region *r) {
     int cmyk = is_cmyk(cinfo);
     cinfo->out_color_space = cmyk ? JCS_CMYK : JCS_RGB;
     cinfo->scale_num = scale_eighths(&crop, out_h, out_w);
@@ -311,9 +320,15 @@ static int decode_into(struct jpeg_decompress_struct *cinfo, Buffers *buf, Box c
         cmyk_to_rgb(buf->region, (size_t)width * region_h);
         stride = (size_t)width * 3;
     }
+    *r = (Region){x, y, (int)xoffset, stride};
+    return 0;
+}
 
-    /* Resample the box, in region coordinates, to the output: rows first, then columns and the flip. */
-    int x0 = (int)xoffset, y0 = y.from;
+/* Resample the crop, in region coordinates, to out_h x out_w: rows first, then columns and the flip. */
+static int resample_region(Buffers *buf, const Region *r, int out_h, int out_w, int flip, uint8_t *out) {
+    Span x = r->x, y = r->y;
+    int x0 = r->x0, y0 = y.from;
+    size_t stride = r->stride;
     if (filter_init(&buf->vertical, y.begin - y0, y.end - y0, y.lo - y0, y.hi - y0, out_h) ||
         filter_init(&buf->horizontal, x.begin - x0, x.end - x0, x.lo - x0, x.hi - x0, out_w) ||
         plan_columns(&buf->horizontal, flip))
@@ -323,12 +338,23 @@ static int decode_into(struct jpeg_decompress_struct *cinfo, Buffers *buf, Box c
     buf->line = malloc(3 * (size_t)buf->horizontal.padded + 4);
     if (!buf->rows || !buf->line)
         return -1;
+    /* Only the columns the horizontal windows read (the region is wider: whole iMCU columns). */
+    const Filter *h = &buf->horizontal;
+    size_t begin = (size_t)3 * h->first[0] / 32 * 32;
+    size_t end = (size_t)3 * (h->first[out_w - 1] + h->taps) + 16;
+    end = end < n ? end : n;
     for (int row = 0; row < out_h; row++) {
-        resample_rows(&buf->vertical, row, buf->region, stride, n, buf->rows);
+        resample_rows(&buf->vertical, row, buf->region, stride, begin, end, buf->rows);
         resample_columns(&buf->horizontal, buf->rows, buf->line);
         memcpy(out + (size_t)row * out_w * 3, buf->line, (size_t)out_w * 3);
     }
     return 0;
+}
+
+static int decode_into(struct jpeg_decompress_struct *cinfo, Buffers *buf, Box crop, int out_h, int out_w, int flip,
+                       uint8_t *out) {
+    Region r;
+    return read_region(cinfo, buf, crop, out_h, out_w, &r) || resample_region(buf, &r, out_h, out_w, flip, out);
 }
 
 /* Huffman-decode every row down to the crop's bottom and nothing more: the floor for a baseline JPEG.
@@ -353,7 +379,7 @@ static void entropy_only(struct jpeg_decompress_struct *cinfo, Box crop) {
 /* ---------------------------------------------------------------- one call --------------------------------- */
 
 enum Status { OK, BAD_JPEG, BAD_CROP, NO_MEMORY };
-enum Work { HEADER, DECODE, ENTROPY };
+enum Work { HEADER, DECODE, PIXELS, ENTROPY };
 
 /* Everything one call reads and writes; plain C, so it runs with the GIL released. */
 typedef struct {
@@ -406,6 +432,9 @@ static enum Status run(Job *job, enum Work work) {
             status = check_crop(job);
         if (status == OK && work == DECODE &&
             decode_into(&cinfo, &buf, job->crop, job->out_h, job->out_w, job->flip, job->out))
+            status = NO_MEMORY;
+        Region region;
+        if (status == OK && work == PIXELS && read_region(&cinfo, &buf, job->crop, job->out_h, job->out_w, &region))
             status = NO_MEMORY;
         if (status == OK && work == ENTROPY)
             entropy_only(&cinfo, job->crop);
@@ -498,26 +527,35 @@ static PyObject *py_decode_crop(PyObject *self, PyObject *args) {
     return result;
 }
 
-PyDoc_STRVAR(entropy_decode_doc,
-             "entropy_decode(data, crop) -> None\n\n"
-             "Huffman-decode the rows down to the crop's bottom and produce nothing: the decode floor.");
-
-static PyObject *py_entropy_decode(PyObject *self, PyObject *args) {
+/* The benchmark instruments: one part of a decode, run on its own and thrown away. */
+static PyObject *instrument(PyObject *args, enum Work work) {
     Py_buffer data;
     PyObject *crop;
-    Job job = {0};
-    if (!PyArg_ParseTuple(args, "y*O", &data, &crop))
+    Job job = {.out_h = 1, .out_w = 1};
+    if (!PyArg_ParseTuple(args, "y*O|(ii)", &data, &crop, &job.out_h, &job.out_w))
         return NULL;
     PyObject *result = NULL;
     if (parse_crop(crop, &job) == 0) {
         job.data = data.buf;
         job.size = (size_t)data.len;
-        enum Status status = run_unlocked(&job, ENTROPY);
+        enum Status status = run_unlocked(&job, work);
         result = status == OK ? Py_NewRef(Py_None) : finish(&job, status);
     }
     PyBuffer_Release(&data);
     return result;
 }
+
+PyDoc_STRVAR(entropy_decode_doc,
+             "entropy_decode(data, crop) -> None\n\n"
+             "Huffman-decode the rows down to the crop's bottom and produce nothing: the decode floor.");
+
+static PyObject *py_entropy_decode(PyObject *self, PyObject *args) { return instrument(args, ENTROPY); }
+
+PyDoc_STRVAR(pixel_decode_doc,
+             "pixel_decode(data, crop, (out_h, out_w)) -> None\n\n"
+             "libjpeg's part of decode_crop: the crop's pixels decoded to RGB at the same DCT scale, not resized.");
+
+static PyObject *py_pixel_decode(PyObject *self, PyObject *args) { return instrument(args, PIXELS); }
 
 PyDoc_STRVAR(corrupt_warnings_doc, "corrupt_warnings() -> int: corrupt-data warnings seen by this process.");
 
@@ -529,6 +567,7 @@ static PyMethodDef methods[] = {
     {"image_size", py_image_size, METH_VARARGS, image_size_doc},
     {"decode_crop", py_decode_crop, METH_VARARGS, decode_crop_doc},
     {"entropy_decode", py_entropy_decode, METH_VARARGS, entropy_decode_doc},
+    {"pixel_decode", py_pixel_decode, METH_VARARGS, pixel_decode_doc},
     {"corrupt_warnings", py_corrupt_warnings, METH_NOARGS, corrupt_warnings_doc},
     {NULL, NULL, 0, NULL},
 };
