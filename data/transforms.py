@@ -18,7 +18,7 @@ def random_resized_crop_box(height: int, width: int, area_min: float, seed: int)
 
     torchvision draws from torch's global generator: the draw reseeds it from `seed` and puts its state back
     after, so each sample's box depends on its own seed only, whatever process or worker draws it. (Seeding
-    the generator alone costs microseconds; torch.manual_seed also visits every device, hundreds of them.)
+    the CPU generator alone takes microseconds; torch.manual_seed, which seeds every device too, hundreds.)
     """
     generator = torch.default_generator
     state = generator.get_state()

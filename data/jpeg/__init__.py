@@ -5,6 +5,9 @@ Files that are images but not JPEGs (ImageNet has a PNG named .JPEG) go through 
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import numpy as np
 
 from data.jpeg import _jpeg, pil
@@ -61,15 +64,12 @@ def pixel_decode(data: bytes, crop: Box | None, size: tuple[int, int]) -> None:
     _jpeg.pixel_decode(data, crop, size)
 
 
-class _named:
+@contextmanager
+def _named(name: str | None) -> Iterator[None]:
     """Prefix a DecodeError's message with the file it came from, where known."""
-
-    def __init__(self, name: str | None) -> None:
-        self.name = name
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, kind: type | None, err: BaseException | None, tb: object) -> None:
-        if self.name is not None and isinstance(err, DecodeError):
-            raise DecodeError(f"{self.name}: {err}") from None
+    try:
+        yield
+    except DecodeError as err:
+        if name is None:
+            raise
+        raise DecodeError(f"{name}: {err}") from None

@@ -52,7 +52,7 @@ static void warn(j_common_ptr cinfo, int level) {
 /* --------------------------------------------------------------- resampling ------------------------------- */
 
 /* PIL's antialiased bilinear filter (a triangle widened by the downscale factor) in 14-bit fixed point, applied
-   rows first (16 bytes a step) then columns (two outputs a step, four taps at a time), both in AVX2. */
+   rows first (32 bytes a step) then columns (four outputs a step, four taps at a time), both in AVX2. */
 #define WEIGHT_BITS 14
 #define GROUP 4 /* horizontal taps per AVX2 step */
 
@@ -158,8 +158,8 @@ static int plan_columns(Filter *f, int flip) {
     return 0;
 }
 
-/* The vertical pass of output row y over bytes [begin, end) in 32-byte steps (rows padded): 16 bytes a step in 16 bits with
-   rounding multiplies, (p << 6) * w >> 15, whose sum (at most 255 << 9) cannot overflow. */
+/* The vertical pass of output row y over bytes [begin, end), 32 a step (rows are padded), with 16-bit rounding
+   multiplies: (p << 6) * w >> 15, whose sum (at most 255 << 9) cannot overflow. */
 static void resample_rows(const Filter *f, int y, const uint8_t *region, size_t stride, size_t begin, size_t end,
                           uint8_t *dst) {
     const uint8_t *first = region + stride * (size_t)f->first[y];
@@ -239,7 +239,8 @@ static void buffers_free(Buffers *b) {
 static void cmyk_to_rgb(uint8_t *pixels, size_t count) {
     for (size_t i = 0; i < count; i++) {
         const uint8_t *in = pixels + 4 * i;
-        uint8_t *out = pixels + 3 * i, k = in[3];
+        uint8_t *out = pixels + 3 * i;
+        int k = in[3];
         for (int c = 0; c < 3; c++) {
             int v = in[c] * k + 128;
             out[c] = (uint8_t)((v + (v >> 8)) >> 8);
