@@ -15,7 +15,8 @@ def test_loader_bench_prints_its_table_then_the_figures_as_json():
     figures = json.loads(lines[-1])
     keys = ("torchvision_img_s", "fused_img_s", "floor_img_s", "ratio_vs_torchvision", "fraction_of_floor")
     assert all(figures[key] > 0 for key in keys)
-    assert figures["ratio_vs_torchvision"] == round(figures["fused_img_s"] / figures["torchvision_img_s"], 3)
+    ratio = figures["fused_img_s"] / figures["torchvision_img_s"]  # of the rounded rates: agree to rounding
+    assert abs(figures["ratio_vs_torchvision"] - ratio) < 0.002
     assert any(line.startswith("fused ") for line in lines) and any("loader, " in line for line in lines)
 
 
