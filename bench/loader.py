@@ -22,6 +22,7 @@ is the whole loader (data.loader) with N worker processes. The last line is JSON
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import json
 import os
 import sys
@@ -33,6 +34,7 @@ from pathlib import Path
 import numpy as np
 import PIL
 import torch
+from PIL import features
 from torchvision import datasets, transforms
 
 from bench import photos
@@ -130,6 +132,27 @@ def loader_throughput(root: Path, workers: int, seconds: float, batch: int = 64)
     return images / elapsed
 
 
+def bits_per_pixel_of(files: list[Path]) -> float:
+    """The files' bits over their pixels, all files together."""
+    bits = pixels = 0
+    for path in files:
+        data = path.read_bytes()
+        height, width = jpeg.image_size(data, name=str(path))
+        bits, pixels = bits + 8 * len(data), pixels + height * width
+    return bits / pixels
+
+
+def pil_distribution() -> str:
+    """Which distribution provides PIL: pillow-simd (a drop-in fork with SIMD resampling) or Pillow."""
+    for name in ("pillow-simd", "Pillow"):
+        try:
+            importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+        return name
+    return "unknown distribution"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.loader", description=__doc__.split("\n\n")[0])
     parser.add_argument("--data", type=Path, help="ImageFolder tree (default: generate photo-like JPEGs)")
@@ -156,7 +179,9 @@ def report(root: Path, args: argparse.Namespace) -> int:
     os.sched_setaffinity(0, {cpu})
     torch.set_num_threads(1)
     steps = pipelines(root)
-    count = len(datasets.ImageFolder(str(root / "train")).samples)
+    files = [Path(path) for path, _ in datasets.ImageFolder(str(root / "train")).samples]
+    count = len(files)
+    bits_per_pixel = bits_per_pixel_of(files)
     for step in steps.values():
         timed(step, count, 0.5)  # warm the page cache and the code
     best: dict[str, float] = {}
@@ -166,9 +191,12 @@ def report(root: Path, args: argparse.Namespace) -> int:
     os.sched_setaffinity(0, all_cpus)
     loader = loader_throughput(root, args.workers, args.seconds * 2)
 
-    simd = "pillow-simd" if "post" in PIL.__version__ else "Pillow"
-    print(f"\n{count} images, {SIZE}x{SIZE} + flip, one core (CPU {cpu}), best of {args.rounds} x {args.seconds:g} s")
-    print(f"PIL {PIL.__version__} ({simd}), torch {torch.__version__}\n")
+    print(
+        f"\n{count} images ({bits_per_pixel:.2f} bits/pixel), {SIZE}x{SIZE} + flip, one core (CPU {cpu}), "
+        f"best of {args.rounds} x {args.seconds:g} s"
+    )
+    turbo = features.version("libjpeg_turbo")
+    print(f"PIL {PIL.__version__} ({pil_distribution()}, libjpeg-turbo {turbo}), torch {torch.__version__}\n")
     print(f"{'pipeline':<22} {'img/s':>8} {'vs torchvision':>15} {'of floor':>9}")
     for name, rate in best.items():
         floor = best["floor, C call" if "C call" in name else "floor"]
@@ -187,6 +215,7 @@ def report(root: Path, args: argparse.Namespace) -> int:
         "loader_img_s": round(loader, 1),
         "workers": args.workers,
         "images": count,
+        "bits_per_pixel": round(bits_per_pixel, 2),
     }
     print(json.dumps(figures))
     return 0

@@ -97,25 +97,11 @@ def encode(pixels: np.ndarray, quality: int = DEFAULT_QUALITY) -> bytes:
 
 def render(width: int, height: int, rng: np.random.Generator) -> np.ndarray:
     """One photo-like (height, width, 3) uint8 RGB image."""
-    fy = np.fft.fftfreq(height)[:, None]
-    fx = np.fft.rfftfreq(width)[None, :]
-    radius = np.sqrt(fx * fx + fy * fy, dtype=np.float32)
-    radius[0, 0] = 1.0
-    log_radius = np.log(radius)
-
-    def fields(alphas: list[float]) -> np.ndarray:
-        """Unit-variance real fields with amplitude spectra 1/f^alpha, one per alpha."""
-        shape = (len(alphas), *radius.shape)
-        spectrum = rng.standard_normal(shape, dtype=np.float32) + 1j * rng.standard_normal(shape, dtype=np.float32)
-        spectrum *= np.exp(-np.asarray(alphas, dtype=np.float32)[:, None, None] * log_radius)
-        spectrum[:, 0, 0] = 0
-        out = np.fft.irfft2(spectrum, s=(height, width)).astype(np.float32)
-        out /= out.std(axis=(1, 2), keepdims=True)
-        return out
-
-    luma, cb, cr, mask, texture = fields(
-        [rng.uniform(0.95, 1.25), rng.uniform(1.3, 1.6), rng.uniform(1.3, 1.6), 1.6, rng.uniform(0.2, 0.5)]
-    )
+    # Chroma and the texture mask change slowly: draw them at half resolution and repeat each value 2x2,
+    # which is what the encoder's 4:2:0 subsampling keeps of chroma anyway.
+    half_h, half_w = (height + 1) // 2, (width + 1) // 2
+    luma, texture = _pink(height, width, [rng.uniform(0.95, 1.25), rng.uniform(0.2, 0.5)], rng)
+    cb, cr, mask = _pink(half_h, half_w, [rng.uniform(1.3, 1.6), rng.uniform(1.3, 1.6), 1.6], rng)
     y = 115 + rng.uniform(-25, 25) + luma * rng.uniform(28, 42)
     u = rng.uniform(-20, 20) + cb * rng.uniform(6, 14)
     v = rng.uniform(-20, 20) + cr * rng.uniform(6, 14)
@@ -127,25 +113,68 @@ def render(width: int, height: int, rng: np.random.Generator) -> np.ndarray:
     y += rng.uniform(10, 35) * (np.cos(angle) * cols + np.sin(angle) * rows)
 
     # Patches of fine texture (foliage, fabric, gravel) where a smooth field runs high.
-    patches = np.clip((mask - rng.uniform(0.0, 0.8)) * 2, 0, 1)
+    patches = _upsample(np.clip((mask - rng.uniform(0.0, 0.8)) * 2, 0, 1), height, width)
     y += patches * texture * rng.uniform(10, 22)
 
     # A few hard-edged objects: ellipses and boxes of their own shade, keeping some of the scene's texture.
+    half_rows, half_cols = rows[::2], cols[:, ::2]
     for _ in range(rng.integers(2, 6)):
-        cy, cx = rng.uniform(-0.9, 0.9, size=2)
-        ry, rx = rng.uniform(0.1, 0.5, size=2)
-        if rng.random() < 0.5:
-            inside = ((rows - cy) / ry) ** 2 + ((cols - cx) / rx) ** 2 < 1
-        else:
-            inside = (np.abs(rows - cy) < ry) & (np.abs(cols - cx) < rx)
+        cy, cx, ry, rx = *rng.uniform(-0.9, 0.9, size=2), *rng.uniform(0.1, 0.5, size=2)
+        ellipse = rng.random() < 0.5
         keep = rng.uniform(0.3, 0.7)
-        y = np.where(inside, rng.uniform(40, 210) + (y - 115) * keep, y)
-        u = np.where(inside, rng.uniform(-35, 35) + u * keep, u)
-        v = np.where(inside, rng.uniform(-35, 35) + v * keep, v)
+        shade, tint = rng.uniform(40, 210), rng.uniform(-35, 35, size=2)
+        for plane, r, c, value in ((y, rows, cols, shade - 115 * keep), (u, half_rows, half_cols, tint[0])):
+            _paint(plane, r, c, (cy, cx, ry, rx), ellipse, keep, value)
+        _paint(v, half_rows, half_cols, (cy, cx, ry, rx), ellipse, keep, tint[1])
 
-    y += rng.standard_normal(y.shape, dtype=np.float32) * 1.5  # sensor grain
+    y += (rng.random(y.shape, dtype=np.float32) - 0.5) * 5  # sensor grain, standard deviation 1.4
+    u, v = _upsample(u, height, width), _upsample(v, height, width)
     rgb = np.stack([y + 1.402 * v, y - 0.344136 * u - 0.714136 * v, y + 1.772 * u], axis=-1)
     return np.clip(rgb + 0.5, 0, 255).astype(np.uint8)
+
+
+def _pink(height: int, width: int, alphas: list[float], rng: np.random.Generator) -> np.ndarray:
+    """Unit-variance real (height, width) fields with amplitude spectra 1/f^alpha, one per alpha.
+
+    The spectrum's components are uniform rather than Gaussian (cheaper to draw); the inverse transform sums
+    so many of them that the field is Gaussian all the same.
+    """
+    fy = np.fft.fftfreq(height).astype(np.float32)[:, None]
+    fx = np.fft.rfftfreq(width).astype(np.float32)[None, :]
+    radius = np.sqrt(fx * fx + fy * fy)
+    radius[0, 0] = 1.0
+    shape = (len(alphas), *radius.shape)
+    spectrum = (rng.random((*shape, 2), dtype=np.float32) - 0.5).view(np.complex64)[..., 0]
+    spectrum *= np.exp(-np.asarray(alphas, dtype=np.float32)[:, None, None] * np.log(radius))
+    spectrum[:, 0, 0] = 0
+    fields = np.fft.irfft2(spectrum, s=(height, width)).astype(np.float32)
+    fields /= fields.std(axis=(1, 2), keepdims=True)
+    return fields
+
+
+def _upsample(plane: np.ndarray, height: int, width: int) -> np.ndarray:
+    return plane.repeat(2, axis=0).repeat(2, axis=1)[:height, :width]
+
+
+def _paint(
+    plane: np.ndarray,
+    rows: np.ndarray,
+    cols: np.ndarray,
+    shape: tuple[float, float, float, float],
+    ellipse: bool,
+    keep: float,
+    value: float,
+) -> None:
+    """Inside the ellipse or box (centre cy, cx; radii ry, rx in [-1, 1] coordinates): value + keep * plane."""
+    cy, cx, ry, rx = shape
+    r0, r1 = np.searchsorted(rows[:, 0], [cy - ry, cy + ry])
+    c0, c1 = np.searchsorted(cols[0], [cx - rx, cx + rx])
+    if r0 >= r1 or c0 >= c1:
+        return
+    r, c = rows[r0:r1], cols[:, c0:c1]
+    inside = ((r - cy) / ry) ** 2 + ((c - cx) / rx) ** 2 < 1 if ellipse else np.ones((r1 - r0, c1 - c0), bool)
+    region = plane[r0:r1, c0:c1]
+    region[inside] = value + keep * region[inside]
 
 
 def _write(job: tuple[Path, int, int, int, int, int, int]) -> int:
