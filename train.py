@@ -4,6 +4,8 @@
     python train.py optim=sgd run.max_epochs=20   any key can be overridden
     python train.py experiment=imagenet data.root=/data/imagenet
     python train.py hydra.run.dir=outputs/run1 run.resume=auto   continue run1 from its last checkpoint
+    python train.py precision=fp16.16             fp16 weights with stochastic rounding (configs/precision/)
+    python train.py run.mode=benchmark precision=bf16   time the train step on random batches
 
 Everything the run writes goes to its Hydra output directory: config.yaml (resolved), mlperf.log,
 metrics.csv, metrics.png, checkpoint.pt.
@@ -11,6 +13,7 @@ metrics.csv, metrics.png, checkpoint.pt.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import random
@@ -43,6 +46,7 @@ from mlperf_logs.metrics import EpochMetrics, MetricsCSV, plot
 from mlperf_logs.progress import Progress
 from models import batchnorm, build_resnet50
 from optim import Schedule, build_optimizer
+from optim.precision import NonFiniteLoss, Policy, emulates_fp16
 from optim.schedule import steps_from_epochs
 
 USER_ERRORS = (ConfigError, DatasetError, CheckpointError, HydraException, OmegaConfBaseException)
@@ -59,7 +63,10 @@ def main(raw: DictConfig) -> None:
     topology = Topology()
     cfg: Config = OmegaConf.to_object(raw)
     validate(cfg, topology.world_size)
-    train(cfg, out_dir, topology, resolved=OmegaConf.to_yaml(raw, resolve=True))
+    if cfg.run.mode == "benchmark":
+        benchmark(cfg, topology)
+    else:
+        train(cfg, out_dir, topology, resolved=OmegaConf.to_yaml(raw, resolve=True))
 
 
 @dataclass
@@ -92,28 +99,10 @@ def train(cfg: Config, out_dir: Path, topology: Topology, resolved: str) -> None
     val_loader = make_loader(cfg, val_split, topology, train=False, batch=cfg.data.eval_batch, device=device)
     steps_per_epoch = len(train_loader)
 
-    # Model, optimizer with the MLPerf parameter groups, the schedule as a function of the step.
-    model = build_resnet50(
-        len(train_split.classes),
-        batchnorm(cfg.model.bn_momentum, cfg.model.bn_eps),
-        cfg.model.zero_init_residual,
-        cfg.device.channels_last,
-    )
-    optimizer = build_optimizer(
-        cfg.optim.name,
-        model,
-        lr=cfg.optim.base_lr,
-        momentum=cfg.optim.momentum,
-        weight_decay=cfg.optim.weight_decay,
-        eta=cfg.optim.eta,
-    )
-    backend = backends.build(
-        device.type,
-        model,
-        optimizer,
-        label_smoothing=cfg.optim.label_smoothing,
-        grad_accum=cfg.dist.grad_accum,
-    )
+    # Model, optimizer with the MLPerf parameter groups, precision policy; the schedule as a function of the step.
+    policy = precision_policy(cfg, device)
+    print(f"precision {policy.describe()}", flush=True)
+    backend = build_backend(cfg, len(train_split.classes), device, topology, policy)
     schedule = make_schedule(cfg, steps_per_epoch)
 
     metrics = MetricsCSV(out_dir / METRICS)
@@ -165,7 +154,11 @@ def train_to_target(
                 metadata={constants.FIRST_EPOCH_NUM: epoch, constants.EPOCH_COUNT: block_last - epoch + 1},
             )
         started = time.perf_counter()
-        loss, lr = train_epoch(backend, train_loader, schedule, loop, epoch, progress)
+        try:
+            loss, lr = train_epoch(backend, train_loader, schedule, loop, epoch, progress)
+        except NonFiniteLoss as err:
+            print(f"error: {err} in epoch {epoch}; stopping (run_stop aborted)", file=sys.stderr)
+            return constants.ABORTED, accuracy
         images_per_s = len(train_loader) * cfg.data.global_batch / (time.perf_counter() - started)
         if not math.isfinite(loss):
             print(
@@ -181,7 +174,11 @@ def train_to_target(
             log.event(constants.EVAL_ACCURACY, accuracy, metadata={constants.EPOCH_NUM: epoch})
             log.end(constants.EVAL_STOP, metadata={constants.EPOCH_NUM: epoch})
         elapsed = time.time() - loop.run_start
-        metrics.append(EpochMetrics(epoch, loop.step, lr, loss, images_per_s, accuracy, elapsed))
+        metrics.append(
+            EpochMetrics(
+                epoch, loop.step, lr, loss, images_per_s, accuracy, elapsed, backend.loss_scale, backend.skipped_steps
+            )
+        )
         progress.end_epoch(epoch_line(epoch, cfg.run.max_epochs, loss, lr, images_per_s, accuracy))
         loop.epoch = epoch + 1
         if accuracy is not None and accuracy >= cfg.mlperf.target_accuracy:
@@ -199,7 +196,10 @@ def train_epoch(
     epoch: int,
     progress: Progress,
 ) -> tuple[float, float]:
-    """One pass over the training data; returns the mean loss (one host sync per epoch) and the last lr."""
+    """One pass over the training data; returns the mean loss (one host sync per epoch) and the last lr.
+
+    Updates that loss scaling skipped (non-finite loss or gradients) are left out of the mean.
+    """
     loader.set_epoch(epoch)
     progress.start_epoch(epoch, len(loader))
     losses, lr = [], schedule(loop.step)
@@ -209,7 +209,9 @@ def train_epoch(
         loop.step += 1
         losses.append(loss)
         progress.step(i, loss, lr)
-    return float(torch.stack(losses).mean()), lr
+    losses = torch.stack(losses)
+    finite = losses[torch.isfinite(losses)]
+    return float(finite.mean()) if len(finite) else math.inf, lr
 
 
 def evaluate(backend: backends.Backend, loader: Loader) -> float:
@@ -246,6 +248,71 @@ def make_loader(
         bad_files=data.bad_files,
         cache_bytes=data.cache_bytes,
     )
+
+
+def precision_policy(cfg: Config, device: torch.device) -> Policy:
+    p = cfg.precision
+    return Policy(
+        name=p.name,
+        compute=p.compute,
+        master=p.master,
+        stochastic_rounding=p.stochastic_rounding,
+        loss_scaling=p.loss_scaling,
+        init_scale=p.init_scale,
+        growth_interval=p.growth_interval,
+        emulate=emulates_fp16(p.compute, p.emulate, device.type),
+    )
+
+
+def build_backend(
+    cfg: Config, classes: int, device: torch.device, topology: Topology, policy: Policy
+) -> backends.Backend:
+    """ResNet-50, LARS or SGD with the MLPerf parameter groups, and the precision policy, bound to `device`."""
+    model = build_resnet50(
+        classes,
+        batchnorm(cfg.model.bn_momentum, cfg.model.bn_eps),
+        cfg.model.zero_init_residual,
+        cfg.device.channels_last,
+    )
+    optimizer = build_optimizer(
+        cfg.optim.name,
+        model,
+        lr=cfg.optim.base_lr,
+        momentum=cfg.optim.momentum,
+        weight_decay=cfg.optim.weight_decay,
+        eta=cfg.optim.eta,
+    )
+    return backends.build(
+        device.type,
+        model,
+        optimizer,
+        label_smoothing=cfg.optim.label_smoothing,
+        grad_accum=cfg.dist.grad_accum,
+        policy=policy,
+        seed=cfg.run.seed * 1_000_003 + topology.rank,  # each rank its own stochastic-rounding stream
+    )
+
+
+def benchmark(cfg: Config, topology: Topology) -> None:
+    """run.mode=benchmark: time the train step on random in-memory batches (no data, no MLPerf log)."""
+    device = select_device(cfg.device.name, cfg.device.threads)
+    seed_everything(cfg.run.seed, topology.rank)
+    classes = cfg.data.synthetic.classes if cfg.data.name == "synthetic" else 1000
+    policy = precision_policy(cfg, device)
+    backend = build_backend(cfg, classes, device, topology, policy)
+    batch, size = cfg.data.global_batch // topology.world_size, cfg.data.image_size
+    images = torch.randint(0, 256, (batch, size, size, 3), dtype=torch.uint8)
+    labels = torch.randint(0, classes, (batch,))
+    lr = cfg.optim.base_lr / 100  # small enough to stay finite however long it runs
+    float(backend.train_step(images, labels, lr))  # warm-up: allocations, kernel selection
+    started = time.perf_counter()
+    losses = [backend.train_step(images, labels, lr) for _ in range(cfg.run.benchmark_steps)]
+    float(torch.stack(losses).sum())  # wait for the device
+    images_per_s = cfg.run.benchmark_steps * batch / (time.perf_counter() - started)
+    print(f"precision {policy.describe()}")
+    print(f"{cfg.run.benchmark_steps} steps of batch {batch} at {size} px on {device}: {images_per_s:.1f} img/s")
+    figures = {"img_s": round(images_per_s, 2), "precision": cfg.precision.name, "batch": batch, "image_size": size}
+    print(json.dumps({**figures, "optimizer": cfg.optim.name, "device": str(device)}))
 
 
 def make_schedule(cfg: Config, steps_per_epoch: int) -> Schedule:

@@ -7,6 +7,7 @@ from torch import nn
 
 from backends.base import Backend
 from backends.native import NativeBackend
+from optim.precision import Policy
 
 
 def build(
@@ -16,9 +17,19 @@ def build(
     *,
     label_smoothing: float,
     grad_accum: int = 1,
+    policy: Policy | None = None,
+    seed: int = 0,
 ) -> Backend:
-    """The backend for `device` ("cpu" or "cuda")."""
-    return NativeBackend(model, optimizer, torch.device(device), label_smoothing=label_smoothing, grad_accum=grad_accum)
+    """The backend for `device` ("cpu" or "cuda"); `seed` drives this rank's stochastic rounding."""
+    return NativeBackend(
+        model,
+        optimizer,
+        torch.device(device),
+        label_smoothing=label_smoothing,
+        grad_accum=grad_accum,
+        policy=policy,
+        seed=seed,
+    )
 
 
 __all__ = ["Backend", "NativeBackend", "build"]

@@ -15,6 +15,8 @@ class Backend(Protocol):
     """
 
     device: torch.device
+    loss_scale: float  # the loss scale now (1 without loss scaling)
+    skipped_steps: int  # updates skipped so far because loss scaling found non-finite gradients
 
     def train_step(self, images: torch.Tensor, labels: torch.Tensor, lr: float) -> torch.Tensor:
         """One weight update at learning rate `lr`; returns the mean training loss."""

@@ -8,10 +8,12 @@ import torch
 from torch import nn
 
 from models.loss import smoothed_cross_entropy
+from optim.precision import MixedPrecision, Policy
 
 
 class NativeBackend:
-    """Forward, label-smoothed loss in fp32, backward over `grad_accum` micro-batches, one optimizer step."""
+    """Forward under the precision policy, label-smoothed loss in fp32, backward over `grad_accum`
+    micro-batches, then one optimizer step unless loss scaling found non-finite gradients."""
 
     def __init__(
         self,
@@ -21,12 +23,24 @@ class NativeBackend:
         *,
         label_smoothing: float,
         grad_accum: int = 1,
+        policy: Policy | None = None,
+        seed: int = 0,
     ) -> None:
         self.model = model.to(device)
         self.optimizer = optimizer
         self.device = device
         self.label_smoothing = label_smoothing
         self.grad_accum = grad_accum
+        self.precision = MixedPrecision(policy or Policy(), self.model, device, seed)
+        self.params = [p for group in optimizer.param_groups for p in group["params"]]
+
+    @property
+    def loss_scale(self) -> float:
+        return self.precision.scaler.scale
+
+    @property
+    def skipped_steps(self) -> int:
+        return self.precision.scaler.skipped
 
     def train_step(self, images: torch.Tensor, labels: torch.Tensor, lr: float) -> torch.Tensor:
         self.model.train()
@@ -39,22 +53,29 @@ class NativeBackend:
         for micro_images, micro_labels in zip(
             images.chunk(self.grad_accum), labels.chunk(self.grad_accum), strict=True
         ):
-            logits = self.model(micro_images)
+            logits = self.precision.forward(self.model, micro_images)
             loss = smoothed_cross_entropy(logits, micro_labels, self.label_smoothing)
-            (loss / self.grad_accum).backward()
+            self.precision.backward(loss / self.grad_accum)
             total += loss.detach()
-        self.optimizer.step()
+        if self.precision.gradients_ready(self.params):
+            self.optimizer.step()
+            self.precision.after_update()
         return total / self.grad_accum
 
     @torch.no_grad()
     def eval_step(self, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         self.model.eval()
-        logits = self.model(images.to(self.device, non_blocking=True))
+        logits = self.precision.forward(self.model, images.to(self.device, non_blocking=True))
         return (logits.argmax(dim=1) == labels.to(self.device, non_blocking=True)).sum()
 
     def state_dict(self) -> dict[str, Any]:
-        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()}
+        return {
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "precision": self.precision.state_dict(),
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
+        self.precision.load_state_dict(state["precision"])

@@ -71,7 +71,14 @@ class OptimConfig:
 
 @dataclass
 class PrecisionConfig:
-    name: str = "fp32"
+    name: str = "fp32"  # the policy's name in logs and tables (configs/precision/<name>.yaml)
+    compute: str = "fp32"  # activations and compute copies of the weights: fp32 | bf16 | fp16
+    master: str = "fp32"  # the weights the optimizer updates: fp32, or the compute dtype (16-bit masters)
+    stochastic_rounding: bool = True  # how 16-bit masters are rounded after an update (false: to nearest)
+    loss_scaling: str = "none"  # none | static | dynamic
+    init_scale: float = 32768.0
+    growth_interval: int = 2000  # dynamic: good updates before the scale doubles
+    emulate: str = "auto"  # fp16 in fp32 arithmetic rounded per layer: auto (on the CPU) | on | off
 
 
 @dataclass
@@ -106,6 +113,7 @@ class RunConfig:
     resume: str = "none"  # none | auto: continue from the checkpoint in the output directory, if there is one
     checkpoint: bool = True  # write a checkpoint at each epoch end
     progress: str = "auto"  # auto (bar on a terminal, lines otherwise) | bar | lines | none
+    benchmark_steps: int = 20  # run.mode=benchmark: timed train steps on random in-memory batches
 
 
 @dataclass
@@ -150,7 +158,7 @@ def validate(cfg: Config, world_size: int = 1) -> None:
     _validate_model(cfg.model)
     _validate_data(cfg.data, world_size * cfg.dist.grad_accum)
     _validate_optim(cfg.optim, cfg.run.max_epochs)
-    _one_of(cfg.precision.name, "precision.name", ("fp32",))
+    _validate_precision(cfg.precision)
     _one_of(cfg.device.name, "device.name", ("cpu", "cuda"))
     _require(cfg.device.threads >= 0, "device.threads", f"must be 0 (default) or more, got {cfg.device.threads}")
     _require(cfg.dist.grad_accum >= 1, "dist.grad_accum", f"must be 1 or more, got {cfg.dist.grad_accum}")
@@ -283,8 +291,23 @@ def _validate_closed_division(cfg: Config) -> None:
     )
 
 
+def _validate_precision(precision: PrecisionConfig) -> None:
+    _one_of(precision.compute, "precision.compute", ("fp32", "bf16", "fp16"))
+    _one_of(precision.master, "precision.master", ("fp32", precision.compute))
+    _one_of(precision.loss_scaling, "precision.loss_scaling", ("none", "static", "dynamic"))
+    _positive(precision.init_scale, "precision.init_scale")
+    _positive(precision.growth_interval, "precision.growth_interval")
+    _one_of(precision.emulate, "precision.emulate", ("auto", "on", "off"))
+    _require(
+        precision.emulate != "on" or precision.compute == "fp16",
+        "precision.emulate",
+        f"only fp16 is emulated, and precision.compute is {precision.compute}",
+    )
+
+
 def _validate_run(run: RunConfig) -> None:
-    _one_of(run.mode, "run.mode", ("train",))
+    _one_of(run.mode, "run.mode", ("train", "benchmark"))
+    _positive(run.benchmark_steps, "run.benchmark_steps")
     _require(run.max_epochs >= 1, "run.max_epochs", f"must be 1 or more, got {run.max_epochs}")
     _require(run.seed >= 0, "run.seed", f"must be 0 or more, got {run.seed}")
     _one_of(run.resume, "run.resume", ("none", "auto"))

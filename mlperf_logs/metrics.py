@@ -22,6 +22,8 @@ class EpochMetrics:
     images_per_s: float
     eval_accuracy: float | None
     elapsed_s: float
+    loss_scale: float = 1.0  # at the epoch's end (1 without loss scaling)
+    skipped_steps: int = 0  # updates skipped so far because the loss or gradients were not finite
 
 
 class MetricsCSV:

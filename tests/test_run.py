@@ -138,3 +138,16 @@ def test_an_unreadable_training_file_is_skipped_and_reported_or_fatal_by_policy(
     assert "Traceback" not in fatal.stderr
     stop = [e for e in mllog_events(tmp_path / "fail" / "mlperf.log") if e["key"] == "run_stop"]
     assert [e["metadata"]["status"] for e in stop] == ["aborted"]
+
+
+@pytest.mark.parametrize(
+    "policy", [pytest.param(p, marks=pytest.mark.slow) for p in ("bf16", "bf16.16", "fp16.32")] + ["fp16.16"]
+)
+def test_a_smoke_run_under_each_precision_policy_passes_the_compliance_checker(policy, cache_dir, tmp_path):
+    result = run_train("experiment=smoke", f"precision={policy}", f"hydra.run.dir={tmp_path}", cache=cache_dir)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f"precision {policy}:" in result.stdout
+    checker = compliance_check(tmp_path / "mlperf.log")
+    assert checker.returncode == 0, checker.stdout + checker.stderr
+    header = (tmp_path / "metrics.csv").read_text().splitlines()[0]
+    assert header.endswith("loss_scale,skipped_steps")

@@ -1,0 +1,190 @@
+"""Precision policies: the activation (compute) dtype, the master-weight dtype, and loss scaling.
+
+A policy is applied to a model by `MixedPrecision`:
+
+- Compute in bf16 or fp16 runs under torch.autocast: activations and the per-op compute copies of the weights
+  are 16-bit, the weights the optimizer owns stay fp32 tensors. On the CPU, where fp16 arithmetic is several
+  times slower than fp32, fp16 is emulated instead: everything computes in fp32, and every layer's output and
+  the compute copy of the convolution and linear weights are rounded to fp16, which are the numbers an fp16
+  device stores (the casts also round the gradients flowing back through them to fp16).
+- A 16-bit master (the ".16" policies) is kept as fp32 tensors that hold 16-bit values: after each update the
+  optimizer's fp32 result is rounded back, stochastically (unbiased, seeded per rank) or to nearest. Only
+  convolution and linear weights have 16-bit masters.
+- BatchNorm (statistics and parameters), the loss and the optimizer's arithmetic run in fp32 under every
+  policy: BatchNorm's input is cast to fp32 by a hook, its parameters are never cast.
+- Loss scaling multiplies the loss before backward and divides the gradients after it. Dynamic scaling skips
+  an update whose gradients are not finite, halves the scale, and doubles it after `growth_interval` good
+  updates; checking them is one host sync per update (none without loss scaling).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+from torch.func import functional_call
+
+from optim.stochastic_rounding import round_stochastic
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+LOSS_SCALING = ("none", "static", "dynamic")
+LOW_PRECISION_LAYERS = (nn.Conv2d, nn.Linear)  # the layers whose weights have 16-bit compute copies and masters
+ROUNDED_LAYERS = (nn.Conv2d, nn.Linear, nn.BatchNorm2d, nn.ReLU, nn.MaxPool2d, nn.AdaptiveAvgPool2d)
+
+
+class NonFiniteLoss(RuntimeError):
+    """The loss or its gradients stayed non-finite: loss scaling skipped too many updates in a row."""
+
+
+@dataclass(frozen=True)
+class Policy:
+    """What a precision configuration means; `compute` and `master` are names in DTYPES."""
+
+    name: str = "fp32"
+    compute: str = "fp32"
+    master: str = "fp32"
+    stochastic_rounding: bool = False
+    loss_scaling: str = "none"
+    init_scale: float = 2.0**15
+    growth_interval: int = 2000
+    max_skipped: int = 32  # updates skipped in a row before the run is stopped
+    emulate: bool = False  # fp16 computed in fp32, rounded per layer (the CPU path)
+
+    def describe(self) -> str:
+        how = "emulated: fp32 arithmetic rounded to fp16 per layer" if self.emulate else "native"
+        rounding = "stochastic" if self.stochastic_rounding else "to nearest"
+        master = self.master if self.master == "fp32" else f"{self.master}, rounded {rounding}"
+        return f"{self.name}: compute {self.compute} ({how}), master weights {master}, loss scaling {self.loss_scaling}"
+
+
+class LossScaler:
+    """Static or dynamic loss scaling, with the count of skipped updates for the metrics."""
+
+    def __init__(self, mode: str, init_scale: float, growth_interval: int, max_skipped: int) -> None:
+        self.mode = mode
+        self.scale = init_scale if mode != "none" else 1.0
+        self.growth_interval = growth_interval
+        self.max_skipped = max_skipped
+        self.good_steps = 0
+        self.skipped_in_a_row = 0
+        self.skipped = 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.mode != "none"
+
+    def update(self, finite: bool) -> None:
+        """Account for one update attempt; raise NonFiniteLoss after `max_skipped` skips in a row."""
+        if finite:
+            self.skipped_in_a_row = 0
+            self.good_steps += 1
+            if self.mode == "dynamic" and self.good_steps >= self.growth_interval:
+                self.scale *= 2.0
+                self.good_steps = 0
+            return
+        self.skipped += 1
+        self.skipped_in_a_row += 1
+        self.good_steps = 0
+        if self.mode == "dynamic":
+            self.scale /= 2.0
+        if self.skipped_in_a_row >= self.max_skipped:
+            raise NonFiniteLoss(
+                f"{self.skipped_in_a_row} updates in a row had non-finite gradients (loss scale now {self.scale:g})"
+            )
+
+    def state_dict(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in ("scale", "good_steps", "skipped_in_a_row", "skipped")}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for key, value in state.items():
+            setattr(self, key, value)
+
+
+class MixedPrecision:
+    """A policy bound to one model: forward, backward, gradient checks and the rounding of master weights."""
+
+    def __init__(self, policy: Policy, model: nn.Module, device: torch.device, seed: int) -> None:
+        self.policy = policy
+        self.device = device
+        self.compute = DTYPES[policy.compute]
+        self.master = DTYPES[policy.master]
+        self.scaler = LossScaler(policy.loss_scaling, policy.init_scale, policy.growth_interval, policy.max_skipped)
+        self.generator = torch.Generator(device).manual_seed(seed)  # the stochastic-rounding stream of this rank
+        self.low_precision = {
+            f"{prefix}.{name}" if prefix else name: param
+            for prefix, module in model.named_modules()
+            if isinstance(module, LOW_PRECISION_LAYERS)
+            for name, param in module.named_parameters(recurse=False)
+        }
+        for module in model.modules():
+            if isinstance(module, nn.modules.batchnorm._BatchNorm):
+                module.register_forward_pre_hook(_inputs_in_fp32)
+            if policy.emulate and isinstance(module, ROUNDED_LAYERS):
+                module.register_forward_hook(_output_in_fp16)
+        if self.master != torch.float32:
+            self._round_masters(stochastic=False)  # start from the 16-bit values nearest the initialisation
+
+    def forward(self, model: nn.Module, images: torch.Tensor) -> torch.Tensor:
+        """The logits, under the policy's compute dtype."""
+        if self.policy.emulate:
+            rounded = {name: p.to(torch.float16).to(torch.float32) for name, p in self.low_precision.items()}
+            return functional_call(model, rounded, (images,), strict=False)
+        with self.autocast():
+            return model(images)
+
+    def autocast(self) -> contextlib.AbstractContextManager:
+        if self.compute == torch.float32 or self.policy.emulate:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=self.compute)
+
+    def backward(self, loss: torch.Tensor) -> None:
+        (loss * self.scaler.scale if self.scaler.enabled else loss).backward()
+
+    def gradients_ready(self, params: list[torch.Tensor]) -> bool:
+        """Unscale the gradients; False (and no update) when loss scaling found one that is not finite."""
+        if not self.scaler.enabled:
+            return True
+        grads = [p.grad for p in params if p.grad is not None]
+        found_inf = torch.zeros((), device=self.device)
+        inv_scale = torch.full((), 1.0 / self.scaler.scale, device=self.device)
+        torch._amp_foreach_non_finite_check_and_unscale_(grads, found_inf, inv_scale)
+        finite = not bool(found_inf)  # the one host sync of a loss-scaled step
+        self.scaler.update(finite)
+        return finite
+
+    @torch.no_grad()
+    def after_update(self) -> None:
+        """Bring 16-bit masters back onto their grid after the optimizer's fp32 arithmetic."""
+        if self.master != torch.float32:
+            self._round_masters(stochastic=self.policy.stochastic_rounding)
+
+    @torch.no_grad()
+    def _round_masters(self, stochastic: bool) -> None:
+        for param in self.low_precision.values():
+            if stochastic:
+                param.copy_(round_stochastic(param, self.master, self.generator))
+            else:
+                param.copy_(param.to(self.master))
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"scaler": self.scaler.state_dict(), "generator": self.generator.get_state()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.scaler.load_state_dict(state["scaler"])
+        self.generator.set_state(state["generator"])
+
+
+def _inputs_in_fp32(module: nn.Module, inputs: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+    return (inputs[0].float(),)
+
+
+def _output_in_fp16(module: nn.Module, inputs: Any, output: torch.Tensor) -> torch.Tensor:
+    return output.to(torch.float16).to(torch.float32)
+
+
+def emulates_fp16(compute: str, emulate: str, device_type: str) -> bool:
+    """Whether fp16 is emulated: `emulate` is on, off, or auto (on the CPU, where fp16 arithmetic is slow)."""
+    return compute == "fp16" and (emulate == "on" or (emulate == "auto" and device_type == "cpu"))

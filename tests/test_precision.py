@@ -1,0 +1,146 @@
+"""Precision policies on a small conv net: where each dtype lives, loss scaling, and exact resumption."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+import torch
+from torch import nn
+
+from backends.native import NativeBackend
+from optim.precision import NonFiniteLoss, Policy
+
+POLICIES = {
+    "fp32": Policy("fp32"),
+    "bf16": Policy("bf16", compute="bf16"),
+    "bf16.16": Policy("bf16.16", compute="bf16", master="bf16", stochastic_rounding=True),
+    "fp16.32": Policy("fp16.32", compute="fp16", loss_scaling="dynamic", emulate=True),
+    "fp16.16": Policy(
+        "fp16.16", compute="fp16", master="fp16", stochastic_rounding=True, loss_scaling="dynamic", emulate=True
+    ),
+}
+
+
+class TinyNet(nn.Module):
+    """Conv, BatchNorm, ReLU, pooling and a linear head: the layer kinds ResNet-50 has, on uint8 NHWC input."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1, bias=False)
+        self.bn = nn.BatchNorm2d(8)
+        self.relu = nn.ReLU(inplace=True)
+        self.pool = nn.AdaptiveAvgPool2d(1)
+        self.fc = nn.Linear(8, 4)
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        x = images.permute(0, 3, 1, 2).float() / 255
+        return self.fc(self.pool(self.relu(self.bn(self.conv(x)))).flatten(1))
+
+
+def backend_for(policy: Policy, seed: int = 0, lr_model_seed: int = 0) -> NativeBackend:
+    torch.manual_seed(lr_model_seed)
+    model = TinyNet()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    return NativeBackend(model, optimizer, torch.device("cpu"), label_smoothing=0.1, policy=policy, seed=seed)
+
+
+def batch(seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    generator = torch.Generator().manual_seed(seed)
+    images = torch.randint(0, 256, (8, 12, 12, 3), dtype=torch.uint8, generator=generator)
+    return images, torch.randint(0, 4, (8,), generator=generator)
+
+
+def on_grid(t: torch.Tensor, dtype: torch.dtype) -> bool:
+    return torch.equal(t, t.to(dtype).to(t.dtype))
+
+
+@pytest.mark.parametrize("name", POLICIES)
+def test_batchnorm_and_the_loss_run_in_fp32_under_every_policy(name):
+    backend = backend_for(POLICIES[name])
+    seen: list[torch.dtype] = []
+    backend.model.bn.register_forward_hook(lambda m, inputs, output: seen.extend([inputs[0].dtype, output.dtype]))
+    loss = backend.train_step(*batch(), lr=0.1)
+    assert seen == [torch.float32, torch.float32] and loss.dtype == torch.float32
+    assert all(p.dtype == torch.float32 for p in backend.model.bn.parameters())
+    assert backend.model.bn.running_var.dtype == torch.float32
+
+
+def test_fp16_32_keeps_fp32_masters_that_leave_the_fp16_grid():
+    backend = backend_for(POLICIES["fp16.32"])
+    for step in range(3):
+        backend.train_step(*batch(step), lr=0.1)
+    weight = backend.model.conv.weight
+    assert weight.dtype == torch.float32 and not on_grid(weight, torch.float16)
+
+
+@pytest.mark.parametrize("name", ["fp16.16", "bf16.16"])
+def test_16_bit_masters_stay_on_their_grid_and_batchnorm_stays_fp32(name):
+    policy = POLICIES[name]
+    backend = backend_for(policy)
+    for step in range(3):
+        backend.train_step(*batch(step), lr=0.1)
+    grid = {"fp16": torch.float16, "bf16": torch.bfloat16}[policy.master]
+    assert on_grid(backend.model.conv.weight, grid) and on_grid(backend.model.fc.weight, grid)
+    assert not on_grid(backend.model.bn.weight, grid)  # BatchNorm keeps fp32 masters
+
+
+def test_emulated_fp16_rounds_every_layer_output_to_fp16():
+    backend = backend_for(POLICIES["fp16.32"])
+    outputs: list[torch.Tensor] = []
+    for module in (backend.model.conv, backend.model.bn, backend.model.relu, backend.model.fc):
+        module.register_forward_hook(lambda m, i, output: outputs.append(output))
+    backend.train_step(*batch(), lr=0.1)
+    assert len(outputs) == 4 and all(o.dtype == torch.float32 and on_grid(o, torch.float16) for o in outputs)
+
+
+def poison_next_gradient(param: nn.Parameter) -> None:
+    handle = None
+
+    def to_inf(grad: torch.Tensor) -> torch.Tensor:
+        handle.remove()
+        return torch.full_like(grad, float("inf"))
+
+    handle = param.register_hook(to_inf)
+
+
+def test_dynamic_loss_scaling_skips_a_non_finite_update_halves_and_regrows_the_scale():
+    policy = Policy(
+        "fp16.32", compute="fp16", loss_scaling="dynamic", emulate=True, init_scale=1024.0, growth_interval=2
+    )
+    backend = backend_for(policy)
+    before = [p.detach().clone() for p in backend.model.parameters()]
+    poison_next_gradient(backend.model.fc.weight)
+    backend.train_step(*batch(), lr=0.1)
+    assert all(torch.equal(a, b) for a, b in zip(before, backend.model.parameters(), strict=True))
+    assert (backend.loss_scale, backend.skipped_steps) == (512.0, 1)
+    backend.train_step(*batch(1), lr=0.1)
+    assert not torch.equal(before[0], backend.model.conv.weight)
+    backend.train_step(*batch(2), lr=0.1)
+    assert (backend.loss_scale, backend.skipped_steps) == (1024.0, 1)  # two good updates: doubled
+
+
+def test_a_gradient_that_stays_non_finite_stops_the_run():
+    policy = Policy("fp16.32", compute="fp16", loss_scaling="dynamic", emulate=True, max_skipped=3)
+    backend = backend_for(policy)
+    with pytest.raises(NonFiniteLoss, match="3 updates in a row"):
+        for step in range(3):
+            poison_next_gradient(backend.model.fc.weight)
+            backend.train_step(*batch(step), lr=0.1)
+
+
+@pytest.mark.parametrize("name", POLICIES)
+def test_a_checkpoint_resumes_exactly_under_the_same_policy(name):
+    policy = POLICIES[name]
+    first = backend_for(policy, seed=5)
+    for step in range(2):
+        first.train_step(*batch(step), lr=0.1)
+    saved = io.BytesIO()
+    torch.save(first.state_dict(), saved)
+    second = backend_for(policy, seed=99, lr_model_seed=1)  # different init and stream: all must come from the state
+    second.load_state_dict(torch.load(io.BytesIO(saved.getvalue()), weights_only=True))
+    for step in (2, 3):
+        first.train_step(*batch(step), lr=0.1)
+        second.train_step(*batch(step), lr=0.1)
+    for a, b in zip(first.model.state_dict().values(), second.model.state_dict().values(), strict=True):
+        assert torch.equal(a, b)
