@@ -1,0 +1,47 @@
+"""bench.step runs end to end on tiny settings: a table, then the JSON figures (the real ones come from bench/)."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.slow  # three policies, two ResNet-50s each: a minute or two
+def test_step_bench_compares_the_harness_with_a_bare_loop_for_each_policy():
+    command = [sys.executable, "-m", "bench.step", "--batch", "4", "--size", "32", "--steps", "1", "--warmup", "1"]
+    command += ["--rounds", "1", "--threads", "1"]  # one thread: a busy machine slows it less
+    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300, check=True)
+    lines = result.stdout.strip().splitlines()
+    figures = json.loads(lines[-1])
+    assert set(figures) == {"fp32", "bf16", "fp16", "min_ratio"}
+    for policy in ("fp32", "bf16", "fp16"):
+        row = figures[policy]
+        harness, bare = row["harness_img_s"], row["bare_img_s"]  # rounded to 0.01, the ratio to 0.001
+        assert harness > 0 and bare > 0.005
+        low, high = (harness - 0.005) / (bare + 0.005), (harness + 0.005) / (bare - 0.005)
+        assert low - 0.0005 <= row["ratio"] <= high + 0.0005  # the ratio of the rates, to rounding
+        assert any(line.startswith(f"{policy} ") for line in lines)
+    assert figures["min_ratio"] == min(figures[policy]["ratio"] for policy in ("fp32", "bf16", "fp16"))
+
+
+def test_step_bench_refuses_an_unknown_policy():
+    command = [sys.executable, "-m", "bench.step", "--policies", "fp32,int8"]
+    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2 and "int8" in result.stderr
+
+
+def test_the_bare_loops_do_the_harness_arithmetic_bit_for_bit():
+    from bench import step
+
+    generator = torch.Generator().manual_seed(1)
+    images = torch.randint(0, 256, (2, 32, 32, 3), dtype=torch.uint8, generator=generator)
+    labels = torch.randint(0, step.CLASSES, (2,), generator=generator)
+    for policy in step.POLICIES:
+        harness, bare = step.harness(step.POLICIES[policy]), step.bare(policy)
+        losses = [(harness.step(images, labels).item(), bare.step(images, labels).item()) for _ in range(2)]
+        assert all(ours == theirs for ours, theirs in losses), (policy, losses)
