@@ -25,6 +25,7 @@ def test_step_bench_compares_the_harness_with_a_bare_loop_for_each_policy():
         assert harness > 0 and bare > 0.005
         low, high = (harness - 0.005) / (bare + 0.005), (harness + 0.005) / (bare - 0.005)
         assert low - 0.0005 <= row["ratio"] <= high + 0.0005  # the ratio of the rates, to rounding
+        assert row["ratio_all_steps"] > 0
         assert any(line.startswith(f"{policy} ") for line in lines)
     assert figures["min_ratio"] == min(figures[policy]["ratio"] for policy in ("fp32", "bf16", "fp16"))
 
