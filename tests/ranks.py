@@ -1,0 +1,66 @@
+"""Run a function in N processes joined by a gloo process group, and collect what each rank returns."""
+
+from __future__ import annotations
+
+import pickle
+import socket
+import tempfile
+import traceback
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_ranks(fn: Callable[..., Any], world_size: int, *args: Any, timeout_s: float = 120) -> list[Any]:
+    """`fn(rank, world_size, *args)` on each rank (a module-level function, so spawn can pickle it).
+
+    Returns the ranks' results in rank order (pickled through files); a rank's exception is raised here
+    with its traceback.
+    """
+    with tempfile.TemporaryDirectory() as tmp:
+        mp.spawn(_rank_main, args=(world_size, free_port(), tmp, fn, args, timeout_s), nprocs=world_size)
+        results = []
+        for rank in range(world_size):
+            with open(f"{tmp}/{rank}.pkl", "rb") as f:
+                ok, value = pickle.load(f)
+            if not ok:
+                raise AssertionError(f"rank {rank} failed:\n{value}")
+            results.append(value)
+    return results
+
+
+def _rank_main(
+    rank: int,
+    world_size: int,
+    port: int,
+    out_dir: str,
+    fn: Callable[..., Any],
+    args: tuple[Any, ...],
+    timeout_s: float,
+) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group(
+        "gloo",
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=rank,
+        world_size=world_size,
+        timeout=timedelta(seconds=timeout_s),
+    )
+    try:
+        outcome = (True, fn(rank, world_size, *args))
+    except Exception:
+        outcome = (False, traceback.format_exc())
+    finally:
+        dist.destroy_process_group()
+    with open(f"{out_dir}/{rank}.pkl", "wb") as f:
+        pickle.dump(outcome, f)
