@@ -10,10 +10,16 @@ EXT_SUFFIX := $(shell $(PYTHON) -c "import sysconfig; print(sysconfig.get_config
 JPEG_EXT := data/jpeg/_jpeg$(EXT_SUFFIX)
 JPEG_CFLAGS := -O3 -mavx2 -fPIC -shared -Wall -Wextra -Wno-unused-parameter -Wno-missing-field-initializers -Werror
 
-.PHONY: train test test-all lint native clean-venv
+NPROC ?= 2
+
+.PHONY: train train-dist test test-all lint native clean-venv
 
 train: $(STAMP) $(JPEG_EXT)
 	$(PY) train.py $(ARGS)
+
+# The same run on NPROC processes of this machine (gloo on the CPU, nccl with device=cuda).
+train-dist: $(STAMP) $(JPEG_EXT)
+	$(VENV)/bin/torchrun --standalone --nproc-per-node $(NPROC) train.py $(ARGS)
 
 test: $(STAMP) $(JPEG_EXT)
 	$(PY) -m pytest -q -m "not slow" $(ARGS)

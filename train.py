@@ -6,13 +6,15 @@
     python train.py hydra.run.dir=outputs/run1 run.resume=auto   continue run1 from its last checkpoint
     python train.py precision=fp16.16             fp16 weights with stochastic rounding (configs/precision/)
     python train.py run.mode=benchmark precision=bf16   time the train step on random batches
+    torchrun --nproc-per-node 2 train.py dist.bn_group_size=2   two processes, BatchNorm over both
 
 Everything the run writes goes to its Hydra output directory: config.yaml (resolved), mlperf.log,
-metrics.csv, metrics.png, checkpoint.pt.
+metrics.csv, metrics.png, checkpoint.pt. With several ranks, rank 0 picks the directory and writes alone.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -20,6 +22,7 @@ import random
 import sys
 import time
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import hydra
@@ -31,6 +34,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 import backends
+import distributed
 from backends import checkpoint
 from backends.checkpoint import CheckpointError
 from configs.schema import Config, ConfigError, register, training_fingerprint, validate
@@ -39,17 +43,21 @@ from data.folder import DatasetError, Split
 from data.loader import Crops, Loader, build_loader
 from data.sampler import ShardedSampler
 from data.synthetic import SyntheticSpec
-from distributed import Topology
+from distributed import LaunchError, PeerLost, Topology
+from distributed.batchnorm import DistributedBatchNorm2d
 from mlperf_logs.hyperparameters import Hyperparameters, Submission, log_hyperparameters, log_submission
 from mlperf_logs.logger import MLPerfLogger, constants, truncate_to
 from mlperf_logs.metrics import EpochMetrics, MetricsCSV, plot
 from mlperf_logs.progress import Progress
 from models import batchnorm, build_resnet50
+from models.resnet import NormLayer
 from optim import Schedule, build_optimizer
 from optim.precision import NonFiniteLoss, Policy, emulates_fp16
 from optim.schedule import steps_from_epochs
 
-USER_ERRORS = (ConfigError, DatasetError, CheckpointError, HydraException, OmegaConfBaseException)
+USER_ERRORS = (ConfigError, DatasetError, CheckpointError, LaunchError, HydraException, OmegaConfBaseException)
+# Ranks other than 0 keep Hydra from writing: rank 0's run directory is the run's, and ${now:} differs per rank.
+QUIET_HYDRA = ["hydra.output_subdir=null", "hydra/job_logging=disabled", "hydra/hydra_logging=disabled"]
 CHECKPOINT = "checkpoint.pt"
 FINAL_WEIGHTS = "model.pt"
 METRICS = "metrics.csv"
@@ -59,14 +67,15 @@ register()
 
 @hydra.main(config_path="configs", config_name="config", version_base="1.3")
 def main(raw: DictConfig) -> None:
-    out_dir = Path(HydraConfig.get().runtime.output_dir)
-    topology = Topology()
+    topology = distributed.from_environment()
     cfg: Config = OmegaConf.to_object(raw)
     validate(cfg, topology.world_size)
-    if cfg.run.mode == "benchmark":
-        benchmark(cfg, topology)
-    else:
-        train(cfg, out_dir, topology, resolved=OmegaConf.to_yaml(raw, resolve=True))
+    with distributed.process_group(topology, cfg.device.name, cfg.dist.timeout_s):
+        if cfg.run.mode == "benchmark":
+            benchmark(cfg, topology)
+        else:
+            out_dir = agree_on_output_dir(Path(HydraConfig.get().runtime.output_dir))
+            train(cfg, out_dir, topology, resolved=OmegaConf.to_yaml(raw, resolve=True))
 
 
 @dataclass
@@ -79,8 +88,8 @@ class Loop:
 
 
 def train(cfg: Config, out_dir: Path, topology: Topology, resolved: str) -> None:
-    device = select_device(cfg.device.name, cfg.device.threads)
-    resumed = restore_point(cfg, out_dir)
+    device = select_device(cfg.device.name, cfg.device.threads, topology.local_rank)
+    resumed = distributed.from_main(lambda: restore_point(cfg, out_dir, topology.world_size))
     log = MLPerfLogger(out_dir / cfg.mlperf.log_file if topology.is_main else None)
     if topology.is_main:
         (out_dir / "config.yaml").write_text(resolved)
@@ -92,8 +101,7 @@ def train(cfg: Config, out_dir: Path, topology: Topology, resolved: str) -> None
     seed_everything(cfg.run.seed, topology.rank)
 
     # Data: the index of both splits (the synthetic set is generated here on first use), then the loaders.
-    spec = SyntheticSpec(**vars(cfg.data.synthetic))
-    train_split, val_split = open_dataset(cfg.data.name, cfg.data.root, spec)
+    train_split, val_split = open_splits(cfg, topology)
     per_rank_batch = cfg.data.global_batch // topology.world_size
     train_loader = make_loader(cfg, train_split, topology, train=True, batch=per_rank_batch, device=device)
     val_loader = make_loader(cfg, val_split, topology, train=False, batch=cfg.data.eval_batch, device=device)
@@ -101,23 +109,27 @@ def train(cfg: Config, out_dir: Path, topology: Topology, resolved: str) -> None
 
     # Model, optimizer with the MLPerf parameter groups, precision policy; the schedule as a function of the step.
     policy = precision_policy(cfg, device)
-    print(f"precision {policy.describe()}", flush=True)
+    if topology.is_main:
+        print(f"precision {policy.describe()}", flush=True)
+        if topology.distributed:
+            print(f"{topology.world_size} ranks ({topology.launcher}), BN span {bn_span(cfg, per_rank_batch)}")
     backend = build_backend(cfg, len(train_split.classes), device, topology, policy)
     schedule = make_schedule(cfg, steps_per_epoch)
 
-    metrics = MetricsCSV(out_dir / METRICS)
+    metrics = MetricsCSV(out_dir / METRICS if topology.is_main else None)
     if resumed is None:
         log_hyperparameters(log, hyperparameters(cfg, schedule, per_rank_batch, train_split, val_split))
         log.end(constants.INIT_STOP)
         log.start(constants.RUN_START)
         loop = Loop(run_start=time.time())
     else:
-        loop = resume(resumed, backend, log, metrics)
+        loop = resume(resumed, backend, log, metrics, topology.rank)
 
     loaders = (train_loader, val_loader)
+    quiet = not topology.is_main
     try:
-        status, accuracy = train_to_target(cfg, backend, *loaders, schedule, loop, log, metrics, out_dir)
-    except DatasetError:  # an unreadable file under data.bad_files=fail: the log still ends the run
+        status, accuracy = train_to_target(cfg, backend, *loaders, schedule, loop, log, metrics, out_dir, quiet)
+    except BaseException:  # a bad file under data.bad_files=fail, a lost rank, a stop: the log still ends the run
         log.end(constants.RUN_STOP, metadata={constants.STATUS: constants.ABORTED})
         log.close()
         raise
@@ -127,7 +139,7 @@ def train(cfg: Config, out_dir: Path, topology: Topology, resolved: str) -> None
         plot(metrics.read(), out_dir / "metrics.png", cfg.mlperf.target_accuracy)
         checkpoint.save_atomically(out_dir / FINAL_WEIGHTS, backend.state_dict()["model"])
         (out_dir / CHECKPOINT).unlink(missing_ok=True)  # the run is over: nothing is left to resume
-    print_summary(status, accuracy, loop, out_dir, skipped={**train_loader.skipped, **val_loader.skipped})
+        print_summary(status, accuracy, loop, out_dir, skipped={**train_loader.skipped, **val_loader.skipped})
 
 
 def train_to_target(
@@ -140,10 +152,14 @@ def train_to_target(
     log: MLPerfLogger,
     metrics: MetricsCSV,
     out_dir: Path,
+    quiet: bool = False,
 ) -> tuple[str, float | None]:
-    """Epochs in blocks that end with an evaluation, until the target accuracy or the epoch budget."""
+    """Epochs in blocks that end with an evaluation, until the target accuracy or the epoch budget.
+
+    Every rank takes the same decisions: the loss and the accuracy they rest on are reduced over the ranks.
+    """
     evals = eval_epochs(cfg.run.max_epochs, cfg.mlperf.first_eval, cfg.mlperf.eval_every)
-    progress = Progress(cfg.run.progress, cfg.run.max_epochs, cfg.data.global_batch)
+    progress = Progress("none" if quiet else cfg.run.progress, cfg.run.max_epochs, cfg.data.global_batch)
     accuracy: float | None = None
     for epoch in range(loop.epoch, cfg.run.max_epochs + 1):
         block_first = max((e + 1 for e in evals if e < epoch), default=1)
@@ -156,6 +172,7 @@ def train_to_target(
         started = time.perf_counter()
         try:
             loss, lr = train_epoch(backend, train_loader, schedule, loop, epoch, progress)
+            loss = distributed.mean_over_ranks(loss)
         except NonFiniteLoss as err:
             print(f"error: {err} in epoch {epoch}; stopping (run_stop aborted)", file=sys.stderr)
             return constants.ABORTED, accuracy
@@ -205,6 +222,7 @@ def train_epoch(
     losses, lr = [], schedule(loop.step)
     for i, (images, labels) in enumerate(loader, 1):
         lr = schedule(loop.step)
+        distributed.record_step(loop.step + 1)
         loss = backend.train_step(images, labels, lr)
         loop.step += 1
         losses.append(loss)
@@ -215,14 +233,31 @@ def train_epoch(
 
 
 def evaluate(backend: backends.Backend, loader: Loader) -> float:
-    """Top-1 accuracy over every validation image, as a fraction."""
+    """Top-1 accuracy over every validation image, as a fraction; each rank evaluates its share."""
     correct = sum(backend.eval_step(images, labels) for images, labels in loader)
-    return int(correct) / len(loader.dataset)
+    return int(distributed.sum_over_ranks(torch.as_tensor(correct, device=backend.device))) / len(loader.dataset)
 
 
 def eval_epochs(max_epochs: int, first: int, every: int) -> set[int]:
     """The MLPerf schedule: every `every` epochs starting at `first`, and the last epoch of the budget."""
     return set(range(first, max_epochs + 1, every)) | {max_epochs}
+
+
+def agree_on_output_dir(own: Path) -> Path:
+    """Rank 0's Hydra run directory, for every rank; another rank's own (empty) one is removed."""
+    chosen = distributed.from_main(lambda: own)
+    if own != chosen:
+        with contextlib.suppress(OSError):
+            own.rmdir()
+    return chosen
+
+
+def open_splits(cfg: Config, topology: Topology) -> tuple[Split, Split]:
+    """Rank 0 opens the dataset first (generating the synthetic set on first use), then the other ranks."""
+    spec = SyntheticSpec(**vars(cfg.data.synthetic))
+    splits = open_dataset(cfg.data.name, cfg.data.root, spec) if topology.is_main else None
+    distributed.barrier()
+    return splits or open_dataset(cfg.data.name, cfg.data.root, spec)
 
 
 def make_loader(
@@ -270,7 +305,7 @@ def build_backend(
     """ResNet-50, LARS or SGD with the MLPerf parameter groups, and the precision policy, bound to `device`."""
     model = build_resnet50(
         classes,
-        batchnorm(cfg.model.bn_momentum, cfg.model.bn_eps),
+        norm_layer(cfg),
         cfg.model.zero_init_residual,
         cfg.device.channels_last,
     )
@@ -283,19 +318,36 @@ def build_backend(
         eta=cfg.optim.eta,
     )
     return backends.build(
-        device.type,
+        str(device),
         model,
         optimizer,
         label_smoothing=cfg.optim.label_smoothing,
         grad_accum=cfg.dist.grad_accum,
         policy=policy,
-        seed=cfg.run.seed * 1_000_003 + topology.rank,  # each rank its own stochastic-rounding stream
+        seed=cfg.run.seed * 1_000_003,  # one rounding stream on every rank: replicas keep identical weights
+        bucket_mb=cfg.dist.bucket_mb,
+        overlap=cfg.dist.overlap,
     )
+
+
+def norm_layer(cfg: Config) -> NormLayer:
+    """BatchNorm2d, or DistributedBatchNorm2d when statistics span several ranks."""
+    model = cfg.model
+    if cfg.dist.bn_group_size == 1:
+        return batchnorm(model.bn_momentum, model.bn_eps)
+    return partial(
+        DistributedBatchNorm2d, group_size=cfg.dist.bn_group_size, eps=model.bn_eps, momentum=model.bn_momentum
+    )
+
+
+def bn_span(cfg: Config, per_rank_batch: int) -> int:
+    """The images one BatchNorm's statistics cover: the micro-batch times the ranks in its group."""
+    return per_rank_batch // cfg.dist.grad_accum * cfg.dist.bn_group_size
 
 
 def benchmark(cfg: Config, topology: Topology) -> None:
     """run.mode=benchmark: time the train step on random in-memory batches (no data, no MLPerf log)."""
-    device = select_device(cfg.device.name, cfg.device.threads)
+    device = select_device(cfg.device.name, cfg.device.threads, topology.local_rank)
     seed_everything(cfg.run.seed, topology.rank)
     classes = cfg.data.synthetic.classes if cfg.data.name == "synthetic" else 1000
     policy = precision_policy(cfg, device)
@@ -308,11 +360,16 @@ def benchmark(cfg: Config, topology: Topology) -> None:
     started = time.perf_counter()
     losses = [backend.train_step(images, labels, lr) for _ in range(cfg.run.benchmark_steps)]
     float(torch.stack(losses).sum())  # wait for the device
-    images_per_s = cfg.run.benchmark_steps * batch / (time.perf_counter() - started)
+    distributed.barrier()
+    images_per_s = cfg.run.benchmark_steps * cfg.data.global_batch / (time.perf_counter() - started)
+    if not topology.is_main:
+        return
+    batches = f"batch {cfg.data.global_batch}" + (f" ({topology.world_size} ranks)" if topology.distributed else "")
     print(f"precision {policy.describe()}")
-    print(f"{cfg.run.benchmark_steps} steps of batch {batch} at {size} px on {device}: {images_per_s:.1f} img/s")
-    figures = {"img_s": round(images_per_s, 2), "precision": cfg.precision.name, "batch": batch, "image_size": size}
-    print(json.dumps({**figures, "optimizer": cfg.optim.name, "device": str(device)}))
+    print(f"{cfg.run.benchmark_steps} steps of {batches} at {size} px on {device}: {images_per_s:.1f} img/s")
+    figures = {"img_s": round(images_per_s, 2), "precision": cfg.precision.name, "batch": cfg.data.global_batch}
+    figures |= {"ranks": topology.world_size, "image_size": size, "optimizer": cfg.optim.name}
+    print(json.dumps({**figures, "device": str(device)}))
 
 
 def make_schedule(cfg: Config, steps_per_epoch: int) -> Schedule:
@@ -335,7 +392,7 @@ def hyperparameters(
         optimizer=cfg.optim.name,
         global_batch=cfg.data.global_batch,
         grad_accum=cfg.dist.grad_accum,
-        bn_span=per_rank_batch // cfg.dist.grad_accum,
+        bn_span=bn_span(cfg, per_rank_batch),
         train_samples=len(train_split),
         eval_samples=len(val_split),
         base_lr=cfg.optim.base_lr,
@@ -348,7 +405,7 @@ def hyperparameters(
     )
 
 
-def restore_point(cfg: Config, out_dir: Path) -> dict | None:
+def restore_point(cfg: Config, out_dir: Path, world_size: int) -> dict | None:
     """The checkpoint to continue from (run.resume=auto and one exists in the output directory), else None.
 
     A new run never writes into a directory that already holds an MLPerf log: two runs in one log would
@@ -356,41 +413,43 @@ def restore_point(cfg: Config, out_dir: Path) -> dict | None:
     """
     path = out_dir / CHECKPOINT
     if cfg.run.resume == "auto" and path.exists():
-        return checkpoint.load(path, training_fingerprint(cfg))
+        return checkpoint.load(path, training_fingerprint(cfg) | {"world_size": world_size})
     if (out_dir / cfg.mlperf.log_file).exists():
         state = "a finished run" if (out_dir / FINAL_WEIGHTS).exists() else "a run with no checkpoint to resume"
         raise ConfigError("run.resume", f"{out_dir} already holds {state}; give a new hydra.run.dir")
     return None
 
 
-def resume(state: dict, backend: backends.Backend, log: MLPerfLogger, metrics: MetricsCSV) -> Loop:
+def resume(state: dict, backend: backends.Backend, log: MLPerfLogger, metrics: MetricsCSV, rank: int) -> Loop:
     """Continue exactly where the checkpoint left off; logs written after it are cut back to its sizes."""
     try:
         backend.load_state_dict(state["backend"])
     except (RuntimeError, KeyError, ValueError) as err:
         raise CheckpointError(f"checkpoint does not fit this model and optimizer: {err}") from err
-    checkpoint.set_rng_state(state["rng"])
-    if log.path is not None:
-        truncate_to(log.path, state["log_sizes"]["mlperf"])
-    truncate_to(metrics.path, state["log_sizes"]["metrics"])
+    checkpoint.set_rng_state(state["rng"][rank])
     loop = Loop(**state["loop"])
-    print(f"resuming at epoch {loop.epoch} (step {loop.step})", flush=True)
+    if log.path is not None and metrics.path is not None:
+        truncate_to(log.path, state["log_sizes"]["mlperf"])
+        truncate_to(metrics.path, state["log_sizes"]["metrics"])
+        print(f"resuming at epoch {loop.epoch} (step {loop.step})", flush=True)
     return loop
 
 
 def save_checkpoint(
     cfg: Config, backend: backends.Backend, loop: Loop, log: MLPerfLogger, metrics: MetricsCSV, out_dir: Path
 ) -> None:
-    if log.path is None:
+    """Rank 0 writes the checkpoint, with every rank's generator states."""
+    rng = distributed.gather_to_main(checkpoint.rng_state())
+    if log.path is None or metrics.path is None:
         return
     checkpoint.save(
         out_dir / CHECKPOINT,
         {
             "backend": backend.state_dict(),
             "loop": vars(loop),
-            "rng": checkpoint.rng_state(),
+            "rng": rng,
             "log_sizes": {"mlperf": log.path.stat().st_size, "metrics": metrics.path.stat().st_size},
-            "fingerprint": training_fingerprint(cfg),
+            "fingerprint": training_fingerprint(cfg) | {"world_size": len(rng)},
         },
     )
 
@@ -402,12 +461,17 @@ def seed_everything(seed: int, rank: int) -> None:
     torch.manual_seed(seed + rank)
 
 
-def select_device(name: str, threads: int) -> torch.device:
+def select_device(name: str, threads: int, local_rank: int = 0) -> torch.device:
+    """The CPU, or the GPU of this rank's local rank."""
     if threads:
         torch.set_num_threads(threads)
-    if name == "cuda" and not torch.cuda.is_available():
+    if name == "cpu":
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
         raise ConfigError("device.name", "cuda was asked for but no CUDA device is available (use device=cpu)")
-    return torch.device(name)
+    if local_rank >= torch.cuda.device_count():
+        raise ConfigError("device.name", f"local rank {local_rank} has no GPU ({torch.cuda.device_count()} here)")
+    return torch.device("cuda", local_rank)
 
 
 def epoch_line(epoch: int, max_epochs: int, loss: float, lr: float, ips: float, accuracy: float | None) -> str:
@@ -429,8 +493,13 @@ def print_summary(status: str, accuracy: float | None, loop: Loop, out_dir: Path
 if __name__ == "__main__":
     os.environ["HYDRA_FULL_ERROR"] = "1"  # let configuration errors reach the handler below as exceptions
     try:
+        if not distributed.from_environment().is_main:
+            sys.argv += QUIET_HYDRA
         main()
     except USER_ERRORS as err:
         cause = f"\n{err.__cause__}" if isinstance(err, HydraException) and err.__cause__ else ""
         print(f"error: {err}{cause}", file=sys.stderr)
         sys.exit(2)
+    except PeerLost as err:
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(1)

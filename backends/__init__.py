@@ -19,8 +19,11 @@ def build(
     grad_accum: int = 1,
     policy: Policy | None = None,
     seed: int = 0,
+    bucket_mb: float | None = None,
+    overlap: bool = False,
 ) -> Backend:
-    """The backend for `device` ("cpu" or "cuda"); `seed` drives this rank's stochastic rounding."""
+    """The backend for `device` ("cpu", "cuda" or "cuda:N"); `seed` drives the stochastic rounding of the weights;
+    with several ranks, gradients are all-reduced in buckets of `bucket_mb` (None: one), `overlap`ping backward."""
     return NativeBackend(
         model,
         optimizer,
@@ -29,6 +32,8 @@ def build(
         grad_accum=grad_accum,
         policy=policy,
         seed=seed,
+        bucket_mb=bucket_mb,
+        overlap=overlap,
     )
 
 

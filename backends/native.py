@@ -5,15 +5,34 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
+from distributed.allreduce import GradientBuckets
 from models.loss import smoothed_cross_entropy
 from optim.precision import MixedPrecision, Policy
 
 
+class LocalGradients:
+    """One process: gradients are autograd's own tensors, freed between updates, with nothing to reduce."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer) -> None:
+        self.optimizer = optimizer
+
+    def zero_(self) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def arm(self) -> None:
+        pass
+
+    def reduce(self) -> None:
+        pass
+
+
 class NativeBackend:
     """Forward under the precision policy, label-smoothed loss in fp32, backward over `grad_accum`
-    micro-batches, then one optimizer step unless loss scaling found non-finite gradients."""
+    micro-batches, the gradients averaged over the ranks in bulk, then one optimizer step unless loss
+    scaling found non-finite gradients (on any rank: the reduced gradients agree)."""
 
     def __init__(
         self,
@@ -25,6 +44,8 @@ class NativeBackend:
         grad_accum: int = 1,
         policy: Policy | None = None,
         seed: int = 0,
+        bucket_mb: float | None = None,
+        overlap: bool = False,
     ) -> None:
         self.model = model.to(device)
         self.optimizer = optimizer
@@ -33,6 +54,12 @@ class NativeBackend:
         self.grad_accum = grad_accum
         self.precision = MixedPrecision(policy or Policy(), self.model, device, seed)
         self.params = [p for group in optimizer.param_groups for p in group["params"]]
+        several_ranks = dist.is_initialized() and dist.get_world_size() > 1
+        self.gradients = (
+            GradientBuckets(self.params, bucket_mb=bucket_mb, overlap=overlap)
+            if several_ranks
+            else LocalGradients(optimizer)
+        )
 
     @property
     def loss_scale(self) -> float:
@@ -46,17 +73,19 @@ class NativeBackend:
         self.model.train()
         for group in self.optimizer.param_groups:
             group["lr"] = lr
-        self.optimizer.zero_grad(set_to_none=True)
+        self.gradients.zero_()
         images = images.to(self.device, non_blocking=True)
         labels = labels.to(self.device, non_blocking=True)
         total = torch.zeros((), device=self.device)
-        for micro_images, micro_labels in zip(
-            images.chunk(self.grad_accum), labels.chunk(self.grad_accum), strict=True
-        ):
+        micro_batches = list(zip(images.chunk(self.grad_accum), labels.chunk(self.grad_accum), strict=True))
+        for i, (micro_images, micro_labels) in enumerate(micro_batches, 1):
+            if i == len(micro_batches):
+                self.gradients.arm()  # the update's gradients are complete after this backward
             logits = self.precision.forward(self.model, micro_images)
             loss = smoothed_cross_entropy(logits, micro_labels, self.label_smoothing)
             self.precision.backward(loss / self.grad_accum)
             total += loss.detach()
+        self.gradients.reduce()
         if self.precision.gradients_ready(self.params):
             self.optimizer.step()
             self.precision.after_update()

@@ -22,6 +22,10 @@ class ConfigError(ValueError):
     def __init__(self, key: str, message: str) -> None:
         super().__init__(f"{key}: {message}")
         self.key = key
+        self.message = message
+
+    def __reduce__(self) -> tuple[type, tuple[str, str]]:  # rank 0 sends its errors to the other ranks
+        return ConfigError, (self.key, self.message)
 
 
 @dataclass
@@ -91,6 +95,11 @@ class DeviceConfig:
 @dataclass
 class DistConfig:
     grad_accum: int = 1  # micro-batches per weight update
+    per_rank_batch: int | None = None  # None: data.global_batch / world size; if set, must agree with it
+    bn_group_size: int = 1  # consecutive ranks whose BatchNorm statistics are reduced together (the BN span)
+    bucket_mb: float | None = None  # gradient all-reduce bucket size in MB; None: one bucket
+    overlap: bool = False  # launch each bucket's all-reduce during backward, as soon as it is full
+    timeout_s: float = 300.0  # a collective that waits longer fails, and the run stops naming the rank
 
 
 @dataclass
@@ -161,7 +170,7 @@ def validate(cfg: Config, world_size: int = 1) -> None:
     _validate_precision(cfg.precision)
     _one_of(cfg.device.name, "device.name", ("cpu", "cuda"))
     _require(cfg.device.threads >= 0, "device.threads", f"must be 0 (default) or more, got {cfg.device.threads}")
-    _require(cfg.dist.grad_accum >= 1, "dist.grad_accum", f"must be 1 or more, got {cfg.dist.grad_accum}")
+    _validate_dist(cfg.dist, cfg.data.global_batch, world_size)
     _validate_mlperf(cfg.mlperf)
     if cfg.mlperf.division == "closed":
         _validate_closed_division(cfg)
@@ -228,6 +237,30 @@ def _validate_optim(optim: OptimConfig, max_epochs: int) -> None:
         "optim.label_smoothing",
         f"must be in [0, 1), got {optim.label_smoothing}",
     )
+
+
+def _validate_dist(d: DistConfig, global_batch: int, world_size: int) -> None:
+    """The global batch, the per-rank batch and gradient accumulation must agree with the world size."""
+    _require(d.grad_accum >= 1, "dist.grad_accum", f"must be 1 or more, got {d.grad_accum}")
+    if d.per_rank_batch is not None:
+        _require(
+            d.per_rank_batch * world_size == global_batch,
+            "dist.per_rank_batch",
+            f"{d.per_rank_batch} x {world_size} ranks is not data.global_batch={global_batch}",
+        )
+        _require(
+            d.per_rank_batch % d.grad_accum == 0,
+            "dist.per_rank_batch",
+            f"{d.per_rank_batch} is not divisible by dist.grad_accum={d.grad_accum}",
+        )
+    _require(
+        d.bn_group_size >= 1 and world_size % d.bn_group_size == 0,
+        "dist.bn_group_size",
+        f"must divide the world size ({world_size} ranks), got {d.bn_group_size}",
+    )
+    if d.bucket_mb is not None:
+        _positive(d.bucket_mb, "dist.bucket_mb")
+    _positive(d.timeout_s, "dist.timeout_s")
 
 
 def _validate_mlperf(mlperf: MlperfConfig) -> None:

@@ -1,5 +1,30 @@
-"""Process groups, distributed BatchNorm and bulk gradient all-reduce. One process so far: `Topology`."""
+"""Many processes, one model: the launcher's topology, the process group and its few collectives,
+DistributedBatchNorm2d (distributed.batchnorm) and the bulk gradient all-reduce (distributed.allreduce)."""
 
-from distributed.topology import Topology
+from distributed.group import (
+    PeerLost,
+    Stopped,
+    barrier,
+    from_main,
+    gather_to_main,
+    mean_over_ranks,
+    process_group,
+    record_step,
+    sum_over_ranks,
+)
+from distributed.topology import LaunchError, Topology, from_environment
 
-__all__ = ["Topology"]
+__all__ = [
+    "LaunchError",
+    "PeerLost",
+    "Stopped",
+    "Topology",
+    "barrier",
+    "from_environment",
+    "from_main",
+    "gather_to_main",
+    "mean_over_ranks",
+    "process_group",
+    "record_step",
+    "sum_over_ranks",
+]

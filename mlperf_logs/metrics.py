@@ -27,15 +27,20 @@ class EpochMetrics:
 
 
 class MetricsCSV:
-    """Appends one row per epoch; a resumed run first cuts the file back to its checkpoint's size."""
+    """Appends one row per epoch; a resumed run first cuts the file back to its checkpoint's size.
 
-    def __init__(self, path: Path) -> None:
+    With `path=None` (ranks > 0) it writes nothing.
+    """
+
+    def __init__(self, path: Path | None) -> None:
         self.path = path
-        if not path.exists() or path.stat().st_size == 0:
+        if path is not None and (not path.exists() or path.stat().st_size == 0):
             with path.open("w", newline="") as f:
                 csv.writer(f).writerow(field.name for field in fields(EpochMetrics))
 
     def append(self, row: EpochMetrics) -> None:
+        if self.path is None:
+            return
         values = {k: ("" if v is None else v) for k, v in asdict(row).items()}
         with self.path.open("a", newline="") as f:
             csv.writer(f).writerow(values.values())

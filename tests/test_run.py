@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -14,24 +13,7 @@ import pytest
 import torch
 import torchvision
 
-from tests.conftest import REPO, run_train
-
-
-def mllog_events(log: Path) -> list[dict]:
-    return [json.loads(line.split(":::MLLOG ", 1)[1]) for line in log.read_text().splitlines() if ":::MLLOG" in line]
-
-
-def compliance_check(log: Path) -> subprocess.CompletedProcess[str]:
-    command = [
-        sys.executable,
-        "-m",
-        "mlperf_logging.compliance_checker",
-        "--usage",
-        "training",
-        "--ruleset",
-        "4.0.0",
-    ]
-    return subprocess.run([*command, str(log)], capture_output=True, text=True, cwd=log.parent)
+from tests.conftest import REPO, compliance_check, mllog_events, run_train
 
 
 @pytest.mark.parametrize(("optimizer", "lr"), [("lars", 4.0), ("sgd", 0.05)])

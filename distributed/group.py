@@ -1,0 +1,228 @@
+"""The run's process group: opened from the launcher's environment, the few collectives the training loop
+needs, and, when a rank dies or hangs, a message that names it.
+
+torch.distributed tells a surviving rank only that a collective failed ("Connection closed by peer", a
+timeout). To name the culprit every rank stamps the rendezvous store twice a second from a thread with its
+step; a rank that exits writes why. On a failure the survivors read the stamps: a rank that wrote an exit
+reason, stopped stamping (killed, frozen), or fell behind (hung in its own code) is named. Each process keeps
+one group, as torch.distributed does, so the loop's functions need no handle passed around.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from datetime import timedelta
+from typing import Any, TypeVar
+
+import torch
+import torch.distributed as dist
+
+from distributed.topology import Topology
+
+T = TypeVar("T")
+BACKENDS = {"cpu": "gloo", "cuda": "nccl"}
+BEAT_S = 0.5
+
+
+class PeerLost(RuntimeError):
+    """Another rank died, hung or was stopped; the run cannot go on."""
+
+
+class Stopped(Exception):
+    """This process was asked to stop (SIGTERM, e.g. torchrun stopping the survivors of a failed rank)."""
+
+
+class _Heartbeat:
+    """A thread that stamps `beat/<rank>` = "<step>" with a counter, so a stamp that stops changing is a
+    rank that stopped running (compared on this rank's clock: hosts' clocks need not agree)."""
+
+    def __init__(self, store: dist.Store, topology: Topology) -> None:
+        self.store = dist.PrefixStore("rn50perf/", store.clone())  # its own connection, for the thread
+        self.rank = topology.rank
+        self.world_size = topology.world_size
+        self.step = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._beat, name="heartbeat", daemon=True)
+        self._thread.start()
+
+    def _beat(self) -> None:
+        count = 0
+        while not self._stop.is_set():
+            count += 1
+            try:
+                self.store.set(f"beat/{self.rank}", f"{self.step} {count}")
+            except Exception:  # the store's host is gone; diagnose() reports it
+                return
+            self._stop.wait(BEAT_S)
+
+    def close(self, reason: str) -> None:
+        self._stop.set()
+        self._thread.join()
+        with contextlib.suppress(Exception):  # the store is gone too: nobody is left to read the reason
+            self.store.set(f"exit/{self.rank}", reason)
+
+    def _read(self, key: str) -> str | None:
+        return self.store.get(key).decode() if self.store.check([key]) else None
+
+    def diagnose(self) -> str | None:
+        """Which other rank failed, and how; None if every other rank looks alive and level with this one."""
+        others = [r for r in range(self.world_size) if r != self.rank]
+        try:
+            before = {r: self._read(f"beat/{r}") for r in others}
+            time.sleep(4 * BEAT_S)
+            exits = {r: self._read(f"exit/{r}") for r in others}
+            after = {r: self._read(f"beat/{r}") for r in others}
+        except Exception as err:
+            return f"the rendezvous store is unreachable ({err}): the rank or launcher that hosts it died"
+        for r in others:
+            if exits[r] is not None:
+                return f"rank {r} exited ({exits[r]})"
+        for r in others:
+            if after[r] is None or after[r] == before[r]:
+                step = "" if after[r] is None else f"; last seen at step {after[r].split()[0]}"
+                return f"rank {r} stopped responding (no heartbeat for {4 * BEAT_S:.0f} s{step})"
+        steps = {r: int(after[r].split()[0]) for r in others} | {self.rank: self.step}
+        behind, ahead = min(steps, key=steps.__getitem__), max(steps, key=steps.__getitem__)
+        if steps[behind] < steps[ahead]:
+            return f"rank {behind} is stuck at step {steps[behind]} (rank {ahead} reached step {steps[ahead]})"
+        return None
+
+
+_heartbeat: _Heartbeat | None = None
+_stopping = False
+_owner = 0  # the process that installed the SIGTERM handler
+
+
+@contextmanager
+def process_group(topology: Topology, device_type: str, timeout_s: float) -> Iterator[None]:
+    """Open the process group for a run of several ranks (nothing for one), and close it on the way out.
+
+    A collective that waits longer than `timeout_s` fails. A failure on any rank is raised as PeerLost naming
+    the rank that caused it when one did; this rank's own errors pass through, and its exit reason is left
+    in the store for the others.
+    """
+    if not topology.distributed:
+        yield
+        return
+    global _heartbeat, _stopping, _owner
+    if device_type == "cuda":
+        torch.cuda.set_device(topology.local_rank)
+    store = dist.TCPStore(
+        topology.master_addr,
+        topology.master_port,
+        topology.world_size,
+        is_master=topology.is_main and not topology.agent_store,
+        timeout=timedelta(seconds=timeout_s),
+    )
+    dist.init_process_group(
+        BACKENDS[device_type],
+        store=store,
+        rank=topology.rank,
+        world_size=topology.world_size,
+        timeout=timedelta(seconds=timeout_s),
+    )
+    _heartbeat = _Heartbeat(store, topology)
+    _owner = os.getpid()
+    previous = signal.signal(signal.SIGTERM, _raise_stopped)
+    reason = "finished"
+    try:
+        yield
+    except BaseException as err:
+        _stopping = True
+        reason = f"{type(err).__name__}: {err}".strip().splitlines()[0][:200]
+        if not isinstance(err, (RuntimeError, Stopped)) or isinstance(err, PeerLost):
+            raise  # this rank's own error (a bad config, a bad file): the others will read its reason
+        cause = _heartbeat.diagnose()
+        if cause is not None:
+            raise PeerLost(f"{cause}; rank {topology.rank} stops too") from err
+        if isinstance(err, (Stopped, dist.DistBackendError)):
+            raise PeerLost(f"{err}; no other rank was seen failing; rank {topology.rank} stops") from err
+        raise
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        _heartbeat.close(reason)
+        _heartbeat = None
+        dist.destroy_process_group()
+
+
+def _raise_stopped(signum: int, frame: Any) -> None:
+    global _stopping
+    if os.getpid() != _owner:  # a forked child (a loader or generator worker) stops as it would have
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+        return
+    if not _stopping:  # only once: the stop is being handled after the first
+        _stopping = True
+        raise Stopped(f"stopped by {signal.Signals(signum).name}")
+
+
+def record_step(step: int) -> None:
+    """The step this rank has reached, for the heartbeat (a plain attribute write: free)."""
+    if _heartbeat is not None:
+        _heartbeat.step = step
+
+
+def from_main(fn: Callable[[], T]) -> T:
+    """`fn()` evaluated on rank 0 and sent to every rank; an exception it raises is raised on every rank.
+
+    For decisions that must agree (the output directory, whether and from what to resume), and for what
+    only rank 0 can see (its checkpoint, on a machine of its own).
+    """
+    if not dist.is_initialized():
+        return fn()
+    payload: list[Any] = [None]
+    if dist.get_rank() == 0:
+        try:
+            payload = [_pack((True, fn()))]
+        except Exception as err:
+            payload = [_pack((False, err))]
+    dist.broadcast_object_list(payload, src=0)
+    ok, value = _unpack(payload[0])
+    if not ok:
+        raise value
+    return value
+
+
+def gather_to_main(obj: T) -> list[T]:
+    """Every rank's `obj`, in rank order, on rank 0 (other ranks get an empty list)."""
+    if not dist.is_initialized():
+        return [obj]
+    gathered: list[Any] = [None] * dist.get_world_size() if dist.get_rank() == 0 else []
+    dist.gather_object(_pack(obj), gathered or None, dst=0)
+    return [_unpack(packed) for packed in gathered]
+
+
+def _pack(obj: Any) -> bytes:
+    """torch.save's bytes: the object collectives' own pickling of tensors fails to load their storages."""
+    buffer = io.BytesIO()
+    torch.save(obj, buffer)
+    return buffer.getvalue()
+
+
+def _unpack(packed: bytes) -> Any:
+    return torch.load(io.BytesIO(packed), weights_only=False)  # bytes from rank 0 of this very run
+
+
+def sum_over_ranks(tensor: torch.Tensor) -> torch.Tensor:
+    """The elementwise sum of `tensor` over all ranks (in place; returned for chaining)."""
+    if dist.is_initialized():
+        dist.all_reduce(tensor)
+    return tensor
+
+
+def mean_over_ranks(value: float) -> float:
+    if not dist.is_initialized():
+        return value
+    return float(sum_over_ranks(torch.tensor([value], dtype=torch.float64))) / dist.get_world_size()
+
+
+def barrier() -> None:
+    if dist.is_initialized():
+        dist.barrier()

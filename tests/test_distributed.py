@@ -1,0 +1,207 @@
+"""Several processes: the launcher's environment, start-up checks, rank 0's decisions, a 2-rank run with torchrun,
+and a rank that dies."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import mlperf_logging
+import pytest
+import torch
+import yaml
+
+import distributed
+from configs.schema import Config, ConfigError, validate
+from distributed.topology import LaunchError, Topology, first_host, from_environment
+from tests.conftest import REPO, compliance_check, mllog_events, run_train
+from tests.ranks import run_ranks
+
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+SMOKE = ("experiment=smoke",)
+
+
+def test_torchrun_environment_names_the_rank():
+    env = {"RANK": "3", "WORLD_SIZE": "8", "LOCAL_RANK": "1", "MASTER_ADDR": "node7", "MASTER_PORT": "1234"}
+    topology = from_environment(env | {"TORCHELASTIC_USE_AGENT_STORE": "True"})
+    assert topology == Topology(3, 8, 1, "torchrun", "node7", 1234, agent_store=True)
+    assert not topology.is_main and topology.distributed
+
+
+def test_slurm_environment_rendezvous_on_the_first_node():
+    env = {"SLURM_PROCID": "5", "SLURM_NTASKS": "8", "SLURM_LOCALID": "1", "SLURM_JOB_NODELIST": "gpu[07-09,12]"}
+    topology = from_environment(env | {"SLURM_JOB_ID": "4242"})
+    assert (topology.rank, topology.world_size, topology.local_rank) == (5, 8, 1)
+    assert (topology.launcher, topology.master_addr, topology.master_port) == ("slurm", "gpu07", 29500 + 4242)
+    assert from_environment({"SLURM_PROCID": "0", "SLURM_NTASKS": "1"}) == Topology()  # one task: one process
+    assert from_environment({**env, "RANK": "0", "WORLD_SIZE": "2"}).launcher == "torchrun"  # torchrun in SLURM
+
+
+@pytest.mark.parametrize(("nodes", "first"), [("n1", "n1"), ("a[3-5]", "a3"), ("b[010,2],c1", "b010"), ("x,y", "x")])
+def test_first_host_of_a_slurm_node_list(nodes, first):
+    assert first_host(nodes) == first
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"RANK": "two", "WORLD_SIZE": "4"}, "RANK='two' is not an integer"),
+        ({"RANK": "4", "WORLD_SIZE": "4"}, "rank 4 is not in [0, world size 4)"),
+        ({"SLURM_PROCID": "0", "SLURM_NTASKS": "2"}, "SLURM_JOB_NODELIST is not set"),
+    ],
+)
+def test_a_broken_launcher_environment_is_refused(env, message):
+    with pytest.raises(LaunchError, match=message.replace("[", r"\[").replace("(", r"\(").replace(")", r"\)")):
+        from_environment(env)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "world_size", "key"),
+    [
+        ({"global_batch": 64, "per_rank_batch": 16}, 2, "dist.per_rank_batch"),
+        ({"global_batch": 64, "per_rank_batch": 32, "grad_accum": 3}, 2, "data.global_batch"),
+        ({"global_batch": 60, "per_rank_batch": 30, "grad_accum": 4}, 2, "data.global_batch"),
+        ({"global_batch": 64, "bn_group_size": 3}, 4, "dist.bn_group_size"),
+        ({"global_batch": 64, "bn_group_size": 2}, 1, "dist.bn_group_size"),
+        ({"global_batch": 66}, 4, "data.global_batch"),
+    ],
+)
+def test_batch_sizes_that_disagree_with_the_world_size_are_refused(overrides, world_size, key):
+    cfg = Config()
+    cfg.data.global_batch = overrides.pop("global_batch")
+    for name, value in overrides.items():
+        setattr(cfg.dist, name, value)
+    with pytest.raises(ConfigError) as err:
+        validate(cfg, world_size)
+    assert err.value.key == key
+
+
+def test_a_rank_refuses_a_batch_that_does_not_split_over_the_ranks(cache_dir, tmp_path):
+    env = {"RANK": "1", "WORLD_SIZE": "3", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"}
+    result = run_train(*SMOKE, f"hydra.run.dir={tmp_path}", cache=cache_dir, env=env)
+    assert result.returncode == 2
+    assert "error: data.global_batch: 16 is not divisible by world size x dist.grad_accum = 3" in result.stderr
+    assert not tmp_path.exists() or not any(tmp_path.iterdir())  # a rank > 0 writes nothing
+
+
+def _refuse() -> None:
+    raise ConfigError("run.resume", "outputs/x already holds a finished run")
+
+
+def _rank_zero_decides(rank: int, world_size: int) -> tuple:
+    chosen = distributed.from_main(lambda: f"decided by rank {rank}")
+    gathered = distributed.gather_to_main({"rank": rank, "state": torch.full((2,), rank)})
+    try:
+        distributed.from_main(_refuse)
+    except ConfigError as err:
+        refused = err.key
+    return chosen, [(g["rank"], g["state"].tolist()) for g in gathered], refused
+
+
+def test_rank_zero_decides_gathers_and_its_errors_reach_every_rank():
+    results = run_ranks(_rank_zero_decides, 2)
+    assert [chosen for chosen, _, _ in results] == ["decided by rank 0"] * 2
+    assert results[0][1] == [(0, [0, 0]), (1, [1, 1])] and results[1][1] == []
+    assert [refused for _, _, refused in results] == ["run.resume", "run.resume"]
+
+
+def exactly_one_keys() -> set[str]:
+    """The keys the ruleset's checker requires exactly once in a closed ResNet log."""
+    rules = Path(mlperf_logging.__file__).parent / "compliance_checker" / "training_4.0.0"
+    keys = set()
+    for name in ("common.yaml", "closed_common.yaml", "closed_resnet.yaml", "closed_resnet_lars.yaml"):
+        for rule in yaml.safe_load((rules / name).read_text()) or []:
+            if "KEY" in rule and rule["KEY"].get("REQ") == "EXACTLY_ONE":
+                keys.add(rule["KEY"]["NAME"])
+    return keys
+
+
+def torchrun(*overrides: str, cache: Path) -> subprocess.Popen[str]:
+    env = {**os.environ, "RN50PERF_CACHE": str(cache), "PYTHONUNBUFFERED": "1"}
+    command = [*TORCHRUN, "train.py", *overrides]
+    return subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def test_two_ranks_train_and_rank_0_writes_a_log_that_passes_the_checker(cache_dir, tmp_path):
+    out = tmp_path / "run"
+    run = torchrun(*SMOKE, "dist.bn_group_size=2", f"hydra.run.dir={out}", cache=cache_dir)
+    stdout, stderr = run.communicate(timeout=600)
+    assert run.returncode == 0, stdout + stderr
+    assert "2 ranks (torchrun), BN span 16" in stdout
+    assert stdout.count("epoch   1/10") == 1  # only rank 0 reports
+    assert "run_stop status success" in stdout
+    checker = compliance_check(out / "mlperf.log")
+    assert checker.returncode == 0, checker.stdout + checker.stderr
+    events = mllog_events(out / "mlperf.log")
+    counts = {key: sum(e["key"] == key for e in events) for key in exactly_one_keys()}
+    assert counts == dict.fromkeys(counts, 1)
+    assert {e["key"]: e["value"] for e in events}["model_bn_span"] == 8 * 2  # per-rank batch 8, 2 ranks
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]  # one directory for both ranks
+
+
+def rank_pid(marker: str, rank: int) -> int | None:
+    """The pid of the train.py process of `rank` whose command line mentions `marker`."""
+    for entry in Path("/proc").iterdir():
+        try:
+            cmdline = (entry / "cmdline").read_bytes().decode(errors="replace")
+            environ = (entry / "environ").read_bytes().split(b"\0")
+        except (OSError, ValueError):
+            continue
+        if marker in cmdline and "train.py" in cmdline and f"RANK={rank}".encode() in environ:
+            return int(entry.name)
+    return None
+
+
+def processes_mentioning(marker: str) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if marker in (entry / "cmdline").read_bytes().decode(errors="replace"):
+                found.append(int(entry.name))
+        except (OSError, ValueError):
+            continue
+    return found
+
+
+def start_and_wait_for_epoch_1(out: Path, cache: Path, *overrides: str) -> tuple[subprocess.Popen[str], int]:
+    """A 2-rank torchrun that would run long, once its first epoch is over; returns it and rank 1's pid."""
+    run = torchrun(
+        *SMOKE, "run.max_epochs=6", "mlperf.target_accuracy=1.0", f"hydra.run.dir={out}", *overrides, cache=cache
+    )
+    metrics = out / "metrics.csv"
+    deadline = time.monotonic() + 300
+    while not (metrics.exists() and len(metrics.read_text().splitlines()) >= 2):
+        assert run.poll() is None and time.monotonic() < deadline, run.communicate()
+        time.sleep(0.5)
+    victim = rank_pid(str(out), rank=1)
+    assert victim is not None
+    return run, victim
+
+
+def assert_stopped_with_log_closed(run: subprocess.Popen[str], out: Path, message: str, within_s: float) -> None:
+    started = time.monotonic()
+    _, stderr = run.communicate(timeout=within_s + 60)
+    assert time.monotonic() - started < within_s, f"the survivor took too long to stop:\n{stderr}"
+    assert run.returncode != 0
+    assert message in stderr, stderr
+    events = mllog_events(out / "mlperf.log")  # parseable to its last line
+    assert [e["metadata"]["status"] for e in events if e["key"] == "run_stop"] == ["aborted"]
+    assert processes_mentioning(str(out)) == []
+
+
+def test_killing_a_rank_stops_the_other_with_a_message_naming_it(cache_dir, tmp_path):
+    run, victim = start_and_wait_for_epoch_1(tmp_path / "killed", cache_dir, "dist.timeout_s=60")
+    os.kill(victim, signal.SIGKILL)
+    assert_stopped_with_log_closed(run, tmp_path / "killed", "error: rank 1 stopped responding", within_s=30)
+
+
+@pytest.mark.slow
+def test_a_hung_rank_stops_the_other_after_the_timeout(cache_dir, tmp_path):
+    run, victim = start_and_wait_for_epoch_1(tmp_path / "hung", cache_dir, "dist.timeout_s=20")
+    os.kill(victim, signal.SIGSTOP)  # frozen: no crash, no closed socket, no heartbeat
+    # torchrun stops the frozen rank with SIGTERM, and 30 s later SIGKILL, once rank 0 has given up
+    assert_stopped_with_log_closed(run, tmp_path / "hung", "error: rank 1 stopped responding", within_s=20 + 30 + 20)
