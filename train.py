@@ -120,6 +120,7 @@ def train(cfg: Config, out_dir: Path, topology: Topology, resolved: str) -> None
     if resumed is None:
         log_hyperparameters(log, hyperparameters(cfg, schedule, per_rank_batch, train_split, val_split))
         log.end(constants.INIT_STOP)
+        distributed.barrier()  # every rank is ready when the clock starts
         log.start(constants.RUN_START)
         loop = Loop(run_start=time.time())
     else:
@@ -173,6 +174,7 @@ def train_to_target(
         try:
             loss, lr = train_epoch(backend, train_loader, schedule, loop, epoch, progress)
             loss = distributed.mean_over_ranks(loss)
+            backend.end_epoch()
         except NonFiniteLoss as err:
             print(f"error: {err} in epoch {epoch}; stopping (run_stop aborted)", file=sys.stderr)
             return constants.ABORTED, accuracy

@@ -22,6 +22,11 @@ class Backend(Protocol):
         """One weight update at learning rate `lr`; returns the mean training loss."""
         ...
 
+    def end_epoch(self) -> None:
+        """Called on every rank after each training epoch: the ranks' copies of the model become identical
+        (e.g. BatchNorm running statistics averaged), ready for evaluation and checkpoints."""
+        ...
+
     def eval_step(self, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         """Returns the number of top-1 correct predictions in the batch."""
         ...

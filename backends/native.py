@@ -7,8 +7,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.nn.modules.batchnorm import _BatchNorm
 
 from distributed.allreduce import GradientBuckets
+from distributed.group import average_over_ranks, broadcast_from_main
 from models.loss import smoothed_cross_entropy
 from optim.precision import MixedPrecision, Policy
 
@@ -48,6 +50,7 @@ class NativeBackend:
         overlap: bool = False,
     ) -> None:
         self.model = model.to(device)
+        broadcast_from_main(self.model.state_dict().values())  # every rank starts from rank 0's weights
         self.optimizer = optimizer
         self.device = device
         self.label_smoothing = label_smoothing
@@ -90,6 +93,20 @@ class NativeBackend:
             self.optimizer.step()
             self.precision.after_update()
         return total / self.grad_accum
+
+    @torch.no_grad()
+    def end_epoch(self) -> None:
+        """Average the BatchNorm running statistics over the ranks (they differ where BatchNorm groups do not
+        span every rank), so every rank evaluates, and rank 0 checkpoints, the model they share."""
+        average_over_ranks(
+            [
+                stat
+                for m in self.model.modules()
+                if isinstance(m, _BatchNorm)
+                for stat in (m.running_mean, m.running_var)
+                if stat is not None
+            ]
+        )
 
     @torch.no_grad()
     def eval_step(self, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:

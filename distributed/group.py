@@ -16,7 +16,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any, TypeVar
@@ -208,6 +208,23 @@ def _pack(obj: Any) -> bytes:
 
 def _unpack(packed: bytes) -> Any:
     return torch.load(io.BytesIO(packed), weights_only=False)  # bytes from rank 0 of this very run
+
+
+def broadcast_from_main(tensors: Iterable[torch.Tensor]) -> None:
+    """Overwrite `tensors` in place with rank 0's values: replicas start from the same weights."""
+    if dist.is_initialized():
+        for tensor in tensors:
+            dist.broadcast(tensor, src=0)
+
+
+def average_over_ranks(tensors: list[torch.Tensor]) -> None:
+    """Replace each tensor by its mean over the ranks, in place, with one all-reduce of them all."""
+    if dist.is_initialized() and tensors:
+        flat = torch.cat([t.flatten() for t in tensors])
+        dist.all_reduce(flat)
+        flat /= dist.get_world_size()
+        for tensor, mean in zip(tensors, flat.split([t.numel() for t in tensors]), strict=True):
+            tensor.copy_(mean.view_as(tensor))
 
 
 def sum_over_ranks(tensor: torch.Tensor) -> torch.Tensor:

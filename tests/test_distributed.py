@@ -16,8 +16,10 @@ import torch
 import yaml
 
 import distributed
+from backends.native import NativeBackend
 from configs.schema import Config, ConfigError, validate
 from distributed.topology import LaunchError, Topology, first_host, from_environment
+from models import batchnorm, build_resnet50
 from tests.conftest import REPO, compliance_check, mllog_events, run_train
 from tests.ranks import run_ranks
 
@@ -205,3 +207,24 @@ def test_a_hung_rank_stops_the_other_after_the_timeout(cache_dir, tmp_path):
     os.kill(victim, signal.SIGSTOP)  # frozen: no crash, no closed socket, no heartbeat
     # torchrun stops the frozen rank with SIGTERM, and 30 s later SIGKILL, once rank 0 has given up
     assert_stopped_with_log_closed(run, tmp_path / "hung", "error: rank 1 stopped responding", within_s=20 + 30 + 20)
+
+
+def _train_two_steps(rank: int, world_size: int) -> dict[str, torch.Tensor]:
+    torch.manual_seed(rank)  # each rank builds different initial weights, as seeds are per rank
+    model = build_resnet50(4, batchnorm(0.1, 1e-5), channels_last=True)
+    backend = NativeBackend(
+        model, torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9), torch.device("cpu"), label_smoothing=0.1
+    )
+    generator = torch.Generator().manual_seed(100 + rank)  # and reads different images
+    for _ in range(2):
+        images = torch.randint(0, 256, (4, 32, 32, 3), dtype=torch.uint8, generator=generator)
+        backend.train_step(images, torch.randint(0, 4, (4,), generator=generator), lr=0.1)
+    backend.end_epoch()  # local BatchNorm's running statistics are averaged
+    return backend.state_dict()["model"]
+
+
+def test_ranks_start_from_rank_0s_weights_and_stay_identical():
+    first, second = run_ranks(_train_two_steps, 2)
+    assert first.keys() == second.keys()
+    for key, value in first.items():
+        assert torch.equal(value, second[key]), key
