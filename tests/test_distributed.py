@@ -228,3 +228,33 @@ def test_ranks_start_from_rank_0s_weights_and_stay_identical():
     assert first.keys() == second.keys()
     for key, value in first.items():
         assert torch.equal(value, second[key]), key
+
+
+@pytest.mark.slow
+def test_two_ranks_stopped_and_resumed_end_with_the_same_weights(cache_dir, tmp_path):
+    straight, stopped = tmp_path / "straight", tmp_path / "stopped"
+    recipe = (*SMOKE, "run.max_epochs=3", "mlperf.target_accuracy=1.0")
+    assert torchrun(*recipe, f"hydra.run.dir={straight}", cache=cache_dir).wait(timeout=600) == 0
+
+    run = torchrun(*recipe, f"hydra.run.dir={stopped}", cache=cache_dir)
+    deadline = time.monotonic() + 300
+    while not (stopped / "checkpoint.pt").exists():
+        assert run.poll() is None and time.monotonic() < deadline, run.communicate()
+        time.sleep(0.05)
+    run.send_signal(signal.SIGTERM)  # torchrun stops both ranks
+    _, stderr = run.communicate(timeout=120)
+    assert "stopped by SIGTERM" in stderr
+    resumed = torchrun(*recipe, f"hydra.run.dir={stopped}", "run.resume=auto", cache=cache_dir)
+    stdout, stderr = resumed.communicate(timeout=600)
+    assert resumed.returncode == 0, stdout + stderr
+    assert "resuming at epoch 2" in stdout
+
+    expected = torch.load(straight / "model.pt", weights_only=True)
+    actual = torch.load(stopped / "model.pt", weights_only=True)
+    for name in expected:
+        assert torch.equal(expected[name], actual[name]), name
+    accuracies = [
+        [e["value"] for e in mllog_events(d / "mlperf.log") if e["key"] == "eval_accuracy"] for d in (straight, stopped)
+    ]
+    assert accuracies[0] == accuracies[1]
+    assert [e["key"] for e in mllog_events(stopped / "mlperf.log")].count("run_start") == 1
