@@ -13,6 +13,7 @@ from pathlib import Path
 
 from hydra.core.config_store import ConfigStore
 
+from backends.ipu_sim.hardware import System
 from data.synthetic import MAX_CLASSES
 
 
@@ -87,9 +88,10 @@ class PrecisionConfig:
 
 @dataclass
 class DeviceConfig:
-    name: str = "cpu"  # cpu | cuda
+    name: str = "cpu"  # cpu | cuda | ipu_sim
     threads: int = 0  # torch intra-op threads; 0 keeps torch's default
     channels_last: bool = False
+    system: System | None = None  # ipu_sim: the simulated IPU system (configs/device/<system>.yaml)
 
 
 @dataclass

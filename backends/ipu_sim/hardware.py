@@ -1,0 +1,36 @@
+"""IPU chips and systems as data: the figures the memory plan and the cost model read.
+
+The values live in configs/device/ (chip/<name>.yaml and one file per system), with their sources; these
+dataclasses are their typed shape (no defaults: a figure comes from the data or nowhere), shared by the
+configuration schema and the simulator. Rates are per second, sizes in bytes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class Chip:
+    name: str
+    tiles: int
+    clock_hz: float
+    fp16_flops: float  # peak FLOP/s, fp16 in with fp16/fp32 accumulation
+    fp32_flops: float
+    sram_bytes: float  # In-Processor-Memory per IPU
+    sram_bandwidth: float  # bytes/s within the IPU
+    link_bandwidth: float  # bytes/s over the IPU's IPU-Links, all links together
+    streaming_memory_bytes: float  # off-chip DDR per IPU
+    streaming_bandwidth: float  # bytes/s between the IPU and its streaming memory
+    host_link_bandwidth: float  # bytes/s from the host, per IPU
+
+
+@dataclass
+class System:
+    name: str
+    chip: Chip
+    ipus: int
+    hosts: int
+    host_cores: int  # CPU cores over all hosts, feeding the loader
+    ipus_per_pod: int = 64  # IPUs joined by IPU-Links; larger systems join POD64s over gateway links
+    gateway_bandwidth: float = 12.5e9  # bytes/s per IPU between POD64s (GW-Links, 100 Gbps)
