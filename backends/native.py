@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+from contextlib import AbstractContextManager
 from typing import Any
 
 import torch
@@ -13,6 +15,8 @@ from distributed.allreduce import GradientBuckets
 from distributed.group import average_over_ranks, broadcast_from_main
 from models.loss import smoothed_cross_entropy
 from optim.precision import MixedPrecision, Policy
+
+Pass = tuple[torch.Tensor, torch.Tensor, AbstractContextManager]  # images, labels, the scope its forward runs in
 
 
 class LocalGradients:
@@ -80,19 +84,26 @@ class NativeBackend:
         images = images.to(self.device, non_blocking=True)
         labels = labels.to(self.device, non_blocking=True)
         total = torch.zeros((), device=self.device)
-        micro_batches = list(zip(images.chunk(self.grad_accum), labels.chunk(self.grad_accum), strict=True))
-        for i, (micro_images, micro_labels) in enumerate(micro_batches, 1):
-            if i == len(micro_batches):
+        passes = self.forward_passes(images, labels)
+        for i, (pass_images, pass_labels, scope) in enumerate(passes, 1):
+            if i == len(passes):
                 self.gradients.arm()  # the update's gradients are complete after this backward
-            logits = self.precision.forward(self.model, micro_images)
-            loss = smoothed_cross_entropy(logits, micro_labels, self.label_smoothing)
-            self.precision.backward(loss / self.grad_accum)
+            with scope:
+                logits = self.precision.forward(self.model, pass_images)
+            loss = smoothed_cross_entropy(logits, pass_labels, self.label_smoothing)
+            self.precision.backward(loss / len(passes))
             total += loss.detach()
         self.gradients.reduce()
         if self.precision.gradients_ready(self.params):
             self.optimizer.step()
             self.precision.after_update()
-        return total / self.grad_accum
+        return total / len(passes)
+
+    def forward_passes(self, images: torch.Tensor, labels: torch.Tensor) -> list[Pass]:
+        """The forward passes of one weight update, whose mean losses weigh equally: the `grad_accum`
+        micro-batches of this rank's batch."""
+        chunks = zip(images.chunk(self.grad_accum), labels.chunk(self.grad_accum), strict=True)
+        return [(x, y, contextlib.nullcontext()) for x, y in chunks]
 
     @torch.no_grad()
     def end_epoch(self) -> None:

@@ -178,7 +178,7 @@ class MixedPrecision:
 
 
 def _inputs_in_fp32(module: nn.Module, inputs: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
-    return (inputs[0].float(),)
+    return (inputs[0].to(torch.promote_types(inputs[0].dtype, torch.float32)),)  # float64 stays float64
 
 
 def _output_in_fp16(module: nn.Module, inputs: Any, output: torch.Tensor) -> torch.Tensor:
