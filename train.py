@@ -112,13 +112,13 @@ def train(cfg: Config, out_dir: Path, topology: Topology, resolved: str) -> None
     if topology.is_main:
         print(f"precision {policy.describe()}", flush=True)
         if topology.distributed:
-            print(f"{topology.world_size} ranks ({topology.launcher}), BN span {bn_span(cfg, per_rank_batch)}")
+            print(f"{topology.world_size} ranks ({topology.launcher}), BN span {bn_span(cfg, topology.world_size)}")
     backend = build_backend(cfg, len(train_split.classes), device, topology, policy)
     schedule = make_schedule(cfg, steps_per_epoch)
 
     metrics = MetricsCSV(out_dir / METRICS if topology.is_main else None)
     if resumed is None:
-        log_hyperparameters(log, hyperparameters(cfg, schedule, per_rank_batch, train_split, val_split))
+        log_hyperparameters(log, hyperparameters(cfg, schedule, topology.world_size, train_split, val_split))
         log.end(constants.INIT_STOP)
         distributed.barrier()  # every rank is ready when the clock starts
         log.start(constants.RUN_START)
@@ -319,8 +319,9 @@ def build_backend(
         weight_decay=cfg.optim.weight_decay,
         eta=cfg.optim.eta,
     )
+    check_module_names(model, cfg.device.pipeline_splits, "device.pipeline_splits")
     return backends.build(
-        str(device),
+        cfg.device.name if cfg.device.name == "ipu_sim" else str(device),
         model,
         optimizer,
         label_smoothing=cfg.optim.label_smoothing,
@@ -329,22 +330,34 @@ def build_backend(
         seed=cfg.run.seed * 1_000_003,  # one rounding stream on every rank: replicas keep identical weights
         bucket_mb=cfg.dist.bucket_mb,
         overlap=cfg.dist.overlap,
+        replicas=cfg.device.replicas // topology.world_size,
+        bn_group=cfg.dist.bn_group_size,
     )
+
+
+def check_module_names(model: torch.nn.Module, names: list[str], key: str) -> None:
+    modules = dict(model.named_modules())
+    for name in names:
+        if name not in modules:
+            examples = ", ".join([*list(modules)[1:4], "layer2", "layer3.2"])
+            raise ConfigError(key, f"{name!r} is not a module of the model (e.g. {examples})")
 
 
 def norm_layer(cfg: Config) -> NormLayer:
     """BatchNorm2d, or DistributedBatchNorm2d when statistics span several ranks."""
     model = cfg.model
-    if cfg.dist.bn_group_size == 1:
+    if cfg.dist.bn_group_size == 1 or cfg.device.name == "ipu_sim":  # ipu_sim groups replicas' micro-batches
         return batchnorm(model.bn_momentum, model.bn_eps)
     return partial(
         DistributedBatchNorm2d, group_size=cfg.dist.bn_group_size, eps=model.bn_eps, momentum=model.bn_momentum
     )
 
 
-def bn_span(cfg: Config, per_rank_batch: int) -> int:
-    """The images one BatchNorm's statistics cover: the micro-batch times the ranks in its group."""
-    return per_rank_batch // cfg.dist.grad_accum * cfg.dist.bn_group_size
+def bn_span(cfg: Config, world_size: int) -> int:
+    """The images one BatchNorm's statistics cover: the micro-batch times the replicas (ranks, or simulated
+    IPU replicas) in its group."""
+    replicas = cfg.device.replicas if cfg.device.name == "ipu_sim" else world_size
+    return cfg.data.global_batch // (replicas * cfg.dist.grad_accum) * cfg.dist.bn_group_size
 
 
 def benchmark(cfg: Config, topology: Topology) -> None:
@@ -388,13 +401,13 @@ def make_schedule(cfg: Config, steps_per_epoch: int) -> Schedule:
 
 
 def hyperparameters(
-    cfg: Config, schedule: Schedule, per_rank_batch: int, train_split: Split, val_split: Split
+    cfg: Config, schedule: Schedule, world_size: int, train_split: Split, val_split: Split
 ) -> Hyperparameters:
     return Hyperparameters(
         optimizer=cfg.optim.name,
         global_batch=cfg.data.global_batch,
         grad_accum=cfg.dist.grad_accum,
-        bn_span=bn_span(cfg, per_rank_batch),
+        bn_span=bn_span(cfg, world_size),
         train_samples=len(train_split),
         eval_samples=len(val_split),
         base_lr=cfg.optim.base_lr,
@@ -467,7 +480,7 @@ def select_device(name: str, threads: int, local_rank: int = 0) -> torch.device:
     """The CPU, or the GPU of this rank's local rank."""
     if threads:
         torch.set_num_threads(threads)
-    if name == "cpu":
+    if name in ("cpu", "ipu_sim"):  # the simulated IPU runs on the host
         return torch.device("cpu")
     if not torch.cuda.is_available():
         raise ConfigError("device.name", "cuda was asked for but no CUDA device is available (use device=cpu)")

@@ -6,6 +6,7 @@ import torch
 from torch import nn
 
 from backends.base import Backend
+from backends.ipu_sim.backend import IpuSimBackend
 from backends.native import NativeBackend
 from optim.precision import Policy
 
@@ -21,20 +22,24 @@ def build(
     seed: int = 0,
     bucket_mb: float | None = None,
     overlap: bool = False,
+    replicas: int | None = None,
+    bn_group: int = 1,
 ) -> Backend:
-    """The backend for `device` ("cpu", "cuda" or "cuda:N"); `seed` drives the stochastic rounding of the weights;
-    with several ranks, gradients are all-reduced in buckets of `bucket_mb` (None: one), `overlap`ping backward."""
-    return NativeBackend(
-        model,
-        optimizer,
-        torch.device(device),
-        label_smoothing=label_smoothing,
-        grad_accum=grad_accum,
-        policy=policy,
-        seed=seed,
-        bucket_mb=bucket_mb,
-        overlap=overlap,
-    )
+    """The backend for `device`: "cpu", "cuda" or "cuda:N" (native), or "ipu_sim" with `replicas` virtual
+    replicas on this rank in BatchNorm groups of `bn_group`. `seed` drives the stochastic rounding of the
+    weights; with several ranks, gradients are all-reduced in buckets of `bucket_mb` (None: one), `overlap`ping
+    backward."""
+    common = {
+        "label_smoothing": label_smoothing,
+        "grad_accum": grad_accum,
+        "policy": policy,
+        "seed": seed,
+        "bucket_mb": bucket_mb,
+        "overlap": overlap,
+    }
+    if device == "ipu_sim":
+        return IpuSimBackend(model, optimizer, torch.device("cpu"), replicas=replicas or 1, bn_group=bn_group, **common)
+    return NativeBackend(model, optimizer, torch.device(device), **common)
 
 
-__all__ = ["Backend", "NativeBackend", "build"]
+__all__ = ["Backend", "IpuSimBackend", "NativeBackend", "build"]

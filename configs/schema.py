@@ -92,6 +92,14 @@ class DeviceConfig:
     threads: int = 0  # torch intra-op threads; 0 keeps torch's default
     channels_last: bool = False
     system: System | None = None  # ipu_sim: the simulated IPU system (configs/device/<system>.yaml)
+    # ipu_sim only: how a run is laid out on the system (Graphcore's PopTorch names in ../shared/reference/ipu.md)
+    replicas: int = 1  # data-parallel copies of the model, over all ranks (each rank runs its share)
+    pipeline_splits: list[str] = field(default_factory=list)  # module names that begin pipeline stages 2, 3, ...
+    micro_batch: int | None = None  # what one replica's BatchNorm sees; None: data.global_batch / (replicas x K)
+    device_iterations: int = 1  # weight updates per host round trip
+    recompute: str = "none"  # none | auto | module names whose outputs are checkpoints, comma-separated
+    optimizer_state: str = "on_chip"  # on_chip | streaming (off-chip DDR)
+    input_8bit: bool = True  # images cross the host link as uint8 and are normalised on the device
 
 
 @dataclass
@@ -170,9 +178,11 @@ def validate(cfg: Config, world_size: int = 1) -> None:
     _validate_data(cfg.data, world_size * cfg.dist.grad_accum)
     _validate_optim(cfg.optim, cfg.run.max_epochs)
     _validate_precision(cfg.precision)
-    _one_of(cfg.device.name, "device.name", ("cpu", "cuda"))
+    _one_of(cfg.device.name, "device.name", ("cpu", "cuda", "ipu_sim"))
+    if cfg.device.name == "ipu_sim":
+        _validate_ipu(cfg, world_size)
     _require(cfg.device.threads >= 0, "device.threads", f"must be 0 (default) or more, got {cfg.device.threads}")
-    _validate_dist(cfg.dist, cfg.data.global_batch, world_size)
+    _validate_dist(cfg.dist, cfg.data.global_batch, world_size, bn_groups_of_ranks=cfg.device.name != "ipu_sim")
     _validate_mlperf(cfg.mlperf)
     if cfg.mlperf.division == "closed":
         _validate_closed_division(cfg)
@@ -241,7 +251,7 @@ def _validate_optim(optim: OptimConfig, max_epochs: int) -> None:
     )
 
 
-def _validate_dist(d: DistConfig, global_batch: int, world_size: int) -> None:
+def _validate_dist(d: DistConfig, global_batch: int, world_size: int, bn_groups_of_ranks: bool = True) -> None:
     """The global batch, the per-rank batch and gradient accumulation must agree with the world size."""
     _require(d.grad_accum >= 1, "dist.grad_accum", f"must be 1 or more, got {d.grad_accum}")
     if d.per_rank_batch is not None:
@@ -255,14 +265,53 @@ def _validate_dist(d: DistConfig, global_batch: int, world_size: int) -> None:
             "dist.per_rank_batch",
             f"{d.per_rank_batch} is not divisible by dist.grad_accum={d.grad_accum}",
         )
-    _require(
-        d.bn_group_size >= 1 and world_size % d.bn_group_size == 0,
-        "dist.bn_group_size",
-        f"must divide the world size ({world_size} ranks), got {d.bn_group_size}",
-    )
+    if bn_groups_of_ranks:
+        _require(
+            d.bn_group_size >= 1 and world_size % d.bn_group_size == 0,
+            "dist.bn_group_size",
+            f"must divide the world size ({world_size} ranks), got {d.bn_group_size}",
+        )
     if d.bucket_mb is not None:
         _positive(d.bucket_mb, "dist.bucket_mb")
     _positive(d.timeout_s, "dist.timeout_s")
+
+
+def _validate_ipu(cfg: Config, world_size: int) -> None:
+    """The simulated IPU run's layout must fit its system and add up to the global batch."""
+    device, accum = cfg.device, cfg.dist.grad_accum
+    _require(device.system is not None, "device", "ipu_sim needs a system: device=ipu_pod16, ipu_pod64, ...")
+    _require(device.replicas >= 1, "device.replicas", f"must be 1 or more, got {device.replicas}")
+    _require(
+        device.replicas % world_size == 0,
+        "device.replicas",
+        f"{device.replicas} replicas do not spread evenly over {world_size} ranks",
+    )
+    micro = device.micro_batch or cfg.data.global_batch // (device.replicas * accum)
+    _require(
+        micro >= 1 and micro * accum * device.replicas == cfg.data.global_batch,
+        "data.global_batch",
+        f"{cfg.data.global_batch} is not micro-batch {micro} x dist.grad_accum {accum} x {device.replicas} replicas",
+    )
+    stages = len(device.pipeline_splits) + 1
+    _require(
+        stages == 1 or accum >= stages,
+        "dist.grad_accum",
+        f"a pipeline of {stages} stages needs at least {stages} micro-batches per update, got {accum}",
+    )
+    ipus = device.system.ipus
+    _require(
+        device.replicas * stages <= ipus,
+        "device.replicas",
+        f"{device.replicas} replicas x {stages} IPUs each need more than the {ipus} IPUs of {device.system.name}",
+    )
+    per_rank = device.replicas // world_size
+    _require(
+        cfg.dist.bn_group_size >= 1 and per_rank % cfg.dist.bn_group_size == 0,
+        "dist.bn_group_size",
+        f"BatchNorm groups of {cfg.dist.bn_group_size} replicas must divide the {per_rank} replicas of a rank",
+    )
+    _positive(device.device_iterations, "device.device_iterations")
+    _one_of(device.optimizer_state, "device.optimizer_state", ("on_chip", "streaming"))
 
 
 def _validate_mlperf(mlperf: MlperfConfig) -> None:

@@ -4,13 +4,17 @@ from __future__ import annotations
 
 from functools import partial
 
+import pytest
 import torch
 from torch import nn
 
 from backends.ipu_sim.backend import IpuSimBackend
 from backends.native import NativeBackend
+from configs.schema import Config, ConfigError, validate
 from distributed.batchnorm import DistributedBatchNorm2d
+from tests.conftest import compliance_check, mllog_events, run_train
 from tests.ranks import run_ranks
+from tests.systems import system
 
 REPLICAS, MICRO, ACCUM, STEPS = 4, 2, 2, 4
 GLOBAL = REPLICAS * MICRO * ACCUM
@@ -76,3 +80,53 @@ def test_virtual_replicas_train_to_the_weights_of_as_many_ranks():
         simulated = ipu_sim(bn_group)
         for key, value in ranks[0].items():
             torch.testing.assert_close(simulated[key], value, rtol=0, atol=1e-9, msg=f"bn_group {bn_group}: {key}")
+
+
+def ipu_config(**device: object) -> Config:
+    cfg = Config()
+    cfg.device.name, cfg.device.system = "ipu_sim", system("ipu_pod16")
+    cfg.data.global_batch = 64
+    for key, value in device.items():
+        section, name = key.split("__")
+        setattr(getattr(cfg, section), name, value)
+    return cfg
+
+
+@pytest.mark.parametrize(
+    ("settings", "key", "message"),
+    [
+        ({"device__replicas": 3}, "data.global_batch", "64 is not micro-batch 21 x dist.grad_accum 1 x 3 replicas"),
+        ({"device__replicas": 4, "device__micro_batch": 8}, "data.global_batch", "micro-batch 8"),
+        ({"device__pipeline_splits": ["layer3"]}, "dist.grad_accum", "a pipeline of 2 stages needs at least 2"),
+        (
+            {"device__replicas": 16, "device__pipeline_splits": ["layer3"], "dist__grad_accum": 2},
+            "device.replicas",
+            "16 replicas x 2 IPUs each",
+        ),
+        ({"device__replicas": 4, "dist__bn_group_size": 3}, "dist.bn_group_size", "groups of 3 replicas"),
+        ({"device__system": None}, "device", "ipu_sim needs a system"),
+        ({"device__optimizer_state": "disk"}, "device.optimizer_state", "'disk' is not one of on_chip, streaming"),
+    ],
+)
+def test_an_ipu_layout_that_does_not_add_up_is_refused(settings, key, message):
+    with pytest.raises(ConfigError) as err:
+        validate(ipu_config(**settings))
+    assert err.value.key == key and message in str(err.value)
+
+
+def test_a_pipeline_split_that_is_not_a_module_is_refused(cache_dir, tmp_path):
+    overrides = ("device.pipeline_splits=[layer9]", "dist.grad_accum=2", f"hydra.run.dir={tmp_path}")
+    result = run_train("experiment=smoke", "device=ipu_pod16", *overrides, cache=cache_dir)
+    assert result.returncode == 2
+    assert "error: device.pipeline_splits: 'layer9' is not a module of the model" in result.stderr
+
+
+@pytest.mark.slow
+def test_the_smoke_task_trains_on_4_virtual_replicas_and_its_log_passes_the_checker(cache_dir, tmp_path):
+    overrides = ("device.replicas=4", "dist.bn_group_size=2", f"hydra.run.dir={tmp_path}")
+    result = run_train("experiment=smoke", "device=ipu_pod16", *overrides, cache=cache_dir)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "run_stop status success" in result.stdout
+    assert compliance_check(tmp_path / "mlperf.log").returncode == 0
+    span = [e["value"] for e in mllog_events(tmp_path / "mlperf.log") if e["key"] == "model_bn_span"]
+    assert span == [16 // 4 * 2]
