@@ -12,9 +12,10 @@ class StageProfile:
     forward_flops: float
     backward_flops: float  # input and weight gradients
     recompute_flops: float  # forward work repeated in backward because of recomputation checkpoints
-    memory_bytes: float  # bytes its operations read and write (forward and backward), at the activation dtype
+    memory_bytes: float  # bytes its operations read and write (forward, recomputed forward, backward)
     param_count: int
-    activation_bytes: float  # stashed for backward per in-flight micro-batch, checkpoints applied
+    activation_bytes: float  # stashed for backward per in-flight micro-batch, checkpoints applied (a tensor
+    # saved on both sides of a split counts on both IPUs)
     recompute_peak_bytes: float  # live only while one recomputed segment runs backward (0 without recomputation)
     output_bytes: float  # the activation sent to the next stage (0 for the last)
 
