@@ -1,0 +1,208 @@
+"""How long a weight update, an epoch and a whole MLPerf run take on a simulated IPU system.
+
+A handful of formulas over a ModelProfile (FLOPs and bytes per stage, measured from the real model) and a System
+(chip rates, links, hosts), with a few efficiency constants that calibrate.py fits to Graphcore's published
+results. Each term is one small function; the step takes the slower of the device and the host that feeds it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from backends.ipu_sim.hardware import System
+from backends.ipu_sim.profile import ModelProfile, StageProfile
+
+
+@dataclass(frozen=True)
+class RunShape:
+    """How a run lays the model out over the system. Pipeline stages (IPUs per replica) come from the profile."""
+
+    replicas: int
+    micro_batch: int  # what one replica's first stage takes per micro-batch; must match the profile's
+    grad_accum: int  # micro-batches per weight update per replica (K)
+    device_iterations: int = 1  # weight updates per host round trip
+    fp16: bool = True  # fp16 compute and gradients (fp16 peak); False: fp32
+    fp32_master: bool = False  # fp32 master weights and momentum (16.32); False: stored at the compute dtype
+    merged_allreduce: bool = True  # one collective for all gradients; False: one per gradient tensor
+    optimizer_in_streaming: bool = False  # momentum lives in streaming memory (off-chip DDR)
+
+    @property
+    def global_batch(self) -> int:
+        return self.micro_batch * self.grad_accum * self.replicas
+
+
+@dataclass(frozen=True)
+class Constants:
+    """The free constants. Defaults: as `python -m backends.ipu_sim.calibrate` fits them to the POD16 result
+    (compute_efficiency, eval_overhead_s, run_overhead_s) or as assumed there (the rest, which the POD16 figures
+    cannot pin down)."""
+
+    compute_efficiency: float = 0.2412  # fraction of the fp16/fp32 peak reached; fitted to POD16 throughput
+    memory_efficiency: float = 0.5  # fraction of SRAM bandwidth reached; assumed (ResNet-50 is compute-bound)
+    collective_latency_s: float = 10e-6  # per ring step per collective: a cross-IPU sync and a transfer; assumed
+    # README "Loading data": bench.loader measured 1298 img/s with 2 workers, 649 per worker (fused decoder, 224 px,
+    # 500x375 q90 JPEGs, one 2.1 GHz Xeon core each, 2026-11-22)
+    loader_img_s_per_core: float = 649.0
+    host_sync_s: float = 1e-3  # one host round trip (stream callbacks, engine run) per device_iterations; assumed
+    eval_overhead_s: float = 1.898  # per evaluation beyond its forward passes; fitted to POD16's 25 s of evaluation
+    run_overhead_s: float = 27.07  # per run, inside the timed region; fitted to POD16 time-to-train
+
+
+@dataclass(frozen=True)
+class StepTime:
+    """One weight update, by component (seconds). The device terms add up; the host feed overlaps them."""
+
+    compute_s: float  # (K + S - 1) pipeline cycles of the slowest stage: fill and drain included
+    exchange_s: float  # activations and their gradients between pipeline stages, over IPU-Links
+    allreduce_s: float  # gradients across replicas
+    update_s: float  # the optimizer step
+    host_sync_s: float  # this step's share of a host round trip
+    host_feed_s: float  # the host decoding and sending this step's images
+
+    @property
+    def device_s(self) -> float:
+        return self.compute_s + self.exchange_s + self.allreduce_s + self.update_s + self.host_sync_s
+
+    @property
+    def total_s(self) -> float:
+        return max(self.device_s, self.host_feed_s)
+
+
+@dataclass(frozen=True)
+class Projection:
+    throughput_img_s: float
+    epoch_s: float
+    eval_s: float  # all evaluations of the run together
+    time_to_train_min: float
+    step: StepTime
+
+
+def validate(profile: ModelProfile, system: System, shape: RunShape) -> None:
+    """Refuse shapes the system cannot run, naming the figures."""
+    stages = len(profile.stages)
+    if shape.replicas * stages > system.ipus:
+        raise ValueError(
+            f"{shape.replicas} replicas x {stages} IPUs per replica = {shape.replicas * stages} IPUs, "
+            f"but {system.name} has {system.ipus}"
+        )
+    if shape.grad_accum < stages:
+        raise ValueError(f"gradient accumulation {shape.grad_accum} is below the {stages} pipeline stages")
+    if shape.micro_batch != profile.micro_batch:
+        raise ValueError(f"micro-batch {shape.micro_batch}, but the profile was measured at {profile.micro_batch}")
+
+
+def peak_flops(system: System, shape: RunShape) -> float:
+    """The chip's peak at the run's compute dtype."""
+    return system.chip.fp16_flops if shape.fp16 else system.chip.fp32_flops
+
+
+def stage_s(stage: StageProfile, system: System, shape: RunShape, constants: Constants) -> float:
+    """One micro-batch through a stage (forward, recompute, backward): bound by arithmetic or by SRAM traffic."""
+    flops = stage.forward_flops + stage.backward_flops + stage.recompute_flops
+    arithmetic = flops / (peak_flops(system, shape) * constants.compute_efficiency)
+    traffic = stage.memory_bytes / (system.chip.sram_bandwidth * constants.memory_efficiency)
+    return max(arithmetic, traffic)
+
+
+def pipeline_cycles(stages: int, grad_accum: int) -> int:
+    """K micro-batches through S stages take K + S - 1 cycles: the pipeline fills and drains once per update."""
+    return grad_accum + stages - 1
+
+
+def exchange_s(profile: ModelProfile, system: System) -> float:
+    """Per cycle, the widest stage boundary's activation goes forward and its gradient comes back (none for one
+    stage: the last stage sends nothing)."""
+    return max(2 * stage.output_bytes for stage in profile.stages) / system.chip.link_bandwidth
+
+
+def ring_allreduce_s(nbytes: float, ranks: int, bandwidth: float, latency_s: float, collectives: int) -> float:
+    """Ring all-reduce: each rank sends 2(n-1)/n of the data, in 2(n-1) steps per collective."""
+    steps = 2 * (ranks - 1)
+    return steps / ranks * nbytes / bandwidth + latency_s * collectives * steps
+
+
+def allreduce_s(profile: ModelProfile, system: System, shape: RunShape, constants: Constants) -> float:
+    """Gradients across replicas; beyond one POD, a ring within each POD then one across PODs over gateway links.
+
+    Stages reduce their own gradients concurrently, so the largest stage sets the bytes; per-tensor counts per
+    stage are not profiled, so per-tensor collectives count the whole model's tensors (an upper bound)."""
+    grad_bytes = max(stage.param_count for stage in profile.stages) * (2 if shape.fp16 else 4)
+    collectives = 1 if shape.merged_allreduce else profile.gradient_tensors
+    latency, link = constants.collective_latency_s, system.chip.link_bandwidth
+    pods = math.ceil(shape.replicas * len(profile.stages) / system.ipus_per_pod)
+    if pods == 1:
+        return ring_allreduce_s(grad_bytes, shape.replicas, link, latency, collectives)
+    per_pod = math.ceil(shape.replicas / pods)
+    within = ring_allreduce_s(grad_bytes, per_pod, link, latency, collectives)
+    across = ring_allreduce_s(grad_bytes / per_pod, pods, system.gateway_bandwidth, latency, collectives)
+    return within + across
+
+
+def update_s(profile: ModelProfile, system: System, shape: RunShape, constants: Constants) -> float:
+    """The optimizer reads the gradient and reads and writes weights and momentum; momentum may live off chip."""
+    params = max(stage.param_count for stage in profile.stages)
+    grad = 2 if shape.fp16 else 4
+    weights = momentum = 2 * (4 if shape.fp32_master or not shape.fp16 else 2)  # read and written back
+    on_chip = grad + weights + (0 if shape.optimizer_in_streaming else momentum)
+    sram = params * on_chip / (system.chip.sram_bandwidth * constants.memory_efficiency)
+    streamed = params * momentum / system.chip.streaming_bandwidth if shape.optimizer_in_streaming else 0.0
+    return sram + streamed
+
+
+def host_feed_s(profile: ModelProfile, system: System, shape: RunShape, constants: Constants) -> float:
+    """The hosts decode the step's images and each replica's first IPU receives its own over its host link."""
+    decode = shape.global_batch / (system.host_cores * constants.loader_img_s_per_core)
+    send = shape.grad_accum * profile.input_bytes / system.chip.host_link_bandwidth
+    return max(decode, send)
+
+
+def step_time(profile: ModelProfile, system: System, shape: RunShape, constants: Constants) -> StepTime:
+    """One weight update on every replica at once."""
+    validate(profile, system, shape)
+    stages = len(profile.stages)
+    cycles = pipeline_cycles(stages, shape.grad_accum)
+    return StepTime(
+        compute_s=cycles * max(stage_s(stage, system, shape, constants) for stage in profile.stages),
+        exchange_s=cycles * exchange_s(profile, system),
+        allreduce_s=allreduce_s(profile, system, shape, constants),
+        update_s=update_s(profile, system, shape, constants),
+        host_sync_s=constants.host_sync_s / shape.device_iterations,
+        host_feed_s=host_feed_s(profile, system, shape, constants),
+    )
+
+
+def evaluation_s(profile: ModelProfile, system: System, shape: RunShape, constants: Constants, images: int) -> float:
+    """One evaluation: forward passes spread over the run's IPUs, no faster than the hosts decode, plus a fixed
+    cost (loading the checkpoint, starting the evaluation program)."""
+    forward_flops = sum(stage.forward_flops for stage in profile.stages) / profile.micro_batch
+    ipus = shape.replicas * len(profile.stages)
+    device = images * forward_flops / (ipus * peak_flops(system, shape) * constants.compute_efficiency)
+    decode = images / (system.host_cores * constants.loader_img_s_per_core)
+    return max(device, decode) + constants.eval_overhead_s
+
+
+def evaluations(epochs: float, eval_every: int = 4) -> int:
+    """MLPerf ResNet-50 evaluates every `eval_every` epochs (4 by default), the last one included."""
+    return math.ceil(epochs / eval_every)
+
+
+def project(
+    profile: ModelProfile,
+    system: System,
+    shape: RunShape,
+    constants: Constants,
+    *,
+    epochs: float,
+    train_images: int = 1_281_167,
+    eval_images: int = 50_000,
+    eval_every: int = 4,
+) -> Projection:
+    """Throughput, epoch time and MLPerf time-to-train: the epochs back to back, then an evaluation per
+    `eval_every` epochs (of saved checkpoints, as Graphcore's v1.1 runs did), then the fixed per-run cost."""
+    step = step_time(profile, system, shape, constants)
+    throughput = shape.global_batch / step.total_s
+    epoch = train_images / throughput
+    evaluation = evaluations(epochs, eval_every) * evaluation_s(profile, system, shape, constants, eval_images)
+    total = epochs * epoch + evaluation + constants.run_overhead_s
+    return Projection(throughput, epoch, evaluation, total / 60, step)
