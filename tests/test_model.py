@@ -70,4 +70,5 @@ def test_label_smoothed_loss_matches_the_direct_formula():
     target = torch.full_like(log_p, eps / 10)
     target[torch.arange(8), labels] += 1 - eps
     direct = -(target * log_p).sum(dim=1).mean()
-    torch.testing.assert_close(smoothed_cross_entropy(logits, labels, eps), direct.float())
+    torch.testing.assert_close(smoothed_cross_entropy(logits, labels, eps), direct)  # float64 stays float64
+    assert smoothed_cross_entropy(logits.half(), labels, eps).dtype == torch.float32  # 16-bit logits: fp32 loss
