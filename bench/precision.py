@@ -87,6 +87,17 @@ def draw(results: dict[str, dict[str, object]], target: float, path: Path) -> No
     plt.close(fig)
 
 
+def curves(results: dict[str, dict[str, object]]) -> str:
+    """The plot's curves as text: eval top-1 per epoch (rows) under each policy (columns)."""
+    tops = {policy: dict(result["curve"]) for policy, result in results.items()}
+    epochs = sorted({epoch for curve in tops.values() for epoch in curve})
+    lines = [f"{'epoch':>5} " + " ".join(f"{policy:>13}" for policy in tops)]
+    for epoch in epochs:
+        cells = (f"{tops[p][epoch]:.4f}" if epoch in tops[p] else "-" for p in tops)
+        lines.append(f"{epoch:>5} " + " ".join(f"{cell:>13}" for cell in cells))
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.precision", description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=REPO / "outputs" / "precision")
@@ -105,6 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     for policy, r in results.items():
         top1 = f"{r['top1']:.4f}" if r["top1"] is not None else "-"
         print(f"{policy:<14} {top1:>11} {r['epochs_to_target'] or 'not reached':>17} {r['skipped_steps']:>14}")
+    print(f"\neval top-1 per epoch (the plot's curves)\n{curves(results)}")
     demo = stall()
     print(
         f"\n{STALL['count']} updates of {STALL['step']:g} to {STALL['start']:g} (mean of {STALL['weights']} weights): "

@@ -96,26 +96,16 @@ def bare(policy: str) -> Loop:
     model = build_model()
     model.train()
     optimizer = sgd(model)
-    if policy == "fp32":
+    if policy in ("fp32", "bf16"):
+        bf16 = policy == "bf16"
+        if bf16:
+            for module in model.modules():
+                if isinstance(module, nn.BatchNorm2d):
+                    module.register_forward_pre_hook(lambda module, inputs: (inputs[0].float(),))
 
         def step(images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
             optimizer.zero_grad(set_to_none=True)
-            logits = model(images)
-            loss = F.cross_entropy(logits.float(), labels, label_smoothing=LABEL_SMOOTHING)
-            loss.backward()
-            optimizer.step()
-            return loss.detach()
-
-        return Loop(step, lambda: 0)
-
-    if policy == "bf16":
-        for module in model.modules():
-            if isinstance(module, nn.BatchNorm2d):
-                module.register_forward_pre_hook(lambda module, inputs: (inputs[0].float(),))
-
-        def step(images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-            optimizer.zero_grad(set_to_none=True)
-            with torch.autocast("cpu", dtype=torch.bfloat16):
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
                 logits = model(images)
             loss = F.cross_entropy(logits.float(), labels, label_smoothing=LABEL_SMOOTHING)
             loss.backward()

@@ -40,8 +40,8 @@ class Stopped(Exception):
 
 
 class _Heartbeat:
-    """A thread that stamps `beat/<rank>` = "<step>" with a counter, so a stamp that stops changing is a
-    rank that stopped running (compared on this rank's clock: hosts' clocks need not agree)."""
+    """A thread that stamps `beat/<rank>` = "<step> <count>", so a stamp that stops changing is a rank that
+    stopped running (compared on this rank's clock: hosts' clocks need not agree)."""
 
     def __init__(self, store: dist.Store, topology: Topology) -> None:
         self.store = dist.PrefixStore("rn50perf/", store.clone())  # its own connection, for the thread
@@ -237,7 +237,8 @@ def sum_over_ranks(tensor: torch.Tensor) -> torch.Tensor:
 def mean_over_ranks(value: float) -> float:
     if not dist.is_initialized():
         return value
-    return float(sum_over_ranks(torch.tensor([value], dtype=torch.float64))) / dist.get_world_size()
+    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else None
+    return float(sum_over_ranks(torch.tensor([value], dtype=torch.float64, device=device))) / dist.get_world_size()
 
 
 def barrier() -> None:

@@ -5,6 +5,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from bench.precision import curves
+
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -24,3 +26,12 @@ def test_loader_bench_refuses_a_folder_that_is_not_a_dataset(tmp_path):
     command = [sys.executable, "-m", "bench.loader", "--data", str(tmp_path)]
     result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=120)
     assert result.returncode == 2 and "no train/ folder" in result.stderr
+
+
+def test_precision_bench_prints_the_plot_curves_as_a_table():
+    results = {"fp32": {"curve": [(1, 0.5), (2, 0.8)]}, "fp16.16": {"curve": [(1, 0.25)]}}
+    assert curves(results).splitlines() == [
+        "epoch          fp32       fp16.16",
+        "    1        0.5000        0.2500",
+        "    2        0.8000             -",
+    ]

@@ -7,8 +7,9 @@ over a group of replicas' micro-batches, gradients accumulated over K micro-batc
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 
 import torch
@@ -34,7 +35,8 @@ class IpuSimBackend(NativeBackend):
         self.replicas = replicas
         self.bn_group = bn_group
         self.running_stats = [stat for m in self.model.modules() if isinstance(m, _BatchNorm) for stat in _stats(m)]
-        self.group_stats = [[s.clone() for s in self.running_stats] for _ in range(replicas // bn_group)]
+        groups = replicas // bn_group  # one group keeps the model's own statistics: nothing to swap
+        self.group_stats = [[s.clone() for s in self.running_stats] for _ in range(groups)] if groups > 1 else []
 
     def forward_passes(self, images: torch.Tensor, labels: torch.Tensor) -> list[Pass]:
         """Replica r takes samples r, r + R, ... of the batch, as the sampler deals samples to ranks, split in
@@ -51,9 +53,12 @@ class IpuSimBackend(NativeBackend):
                 passes.append((images_k, labels_k, self._statistics_of_group(g)))
         return passes
 
+    def _statistics_of_group(self, g: int) -> AbstractContextManager:
+        """The forward pass updates group g's running statistics (one group: the model's own, as they are)."""
+        return self._swapped_statistics(g) if self.group_stats else contextlib.nullcontext()
+
     @contextmanager
-    def _statistics_of_group(self, g: int) -> Iterator[None]:
-        """The forward pass updates group g's running statistics."""
+    def _swapped_statistics(self, g: int) -> Iterator[None]:
         torch._foreach_copy_(self.running_stats, self.group_stats[g])
         yield
         torch._foreach_copy_(self.group_stats[g], self.running_stats)
@@ -61,7 +66,7 @@ class IpuSimBackend(NativeBackend):
     @torch.no_grad()
     def end_epoch(self) -> None:
         """The groups' running statistics averaged, then over the ranks, as the native backend does."""
-        for i, stat in enumerate(self.running_stats):
+        for i, stat in enumerate(self.running_stats if self.group_stats else []):
             copies = torch.stack([group[i] for group in self.group_stats])
             stat.copy_(copies.mean(0) if stat.is_floating_point() else copies[0])  # batches tracked: alike
         super().end_epoch()
