@@ -1,9 +1,16 @@
-"""The simulated IPU systems of configs/device/, composed by Hydra as a run would, once per test session."""
+"""The simulated IPU systems of configs/device/, composed by Hydra as a run would, and ResNet-50 probed as
+Graphcore's MLPerf recipe lays it out, each once per test session."""
 
 from __future__ import annotations
 
 from functools import cache
 
-from backends.ipu_sim.calibrate import load_system
+from backends.ipu_sim import calibrate
+from backends.ipu_sim.profile import ModelProfile
 
-system = cache(load_system)  # system("ipu_pod16") -> System
+system = cache(calibrate.load_system)  # system("ipu_pod16") -> System
+
+
+@cache
+def resnet50_profile() -> ModelProfile:
+    return calibrate.resnet50_profile(system("ipu_pod16"))

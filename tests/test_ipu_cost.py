@@ -9,9 +9,7 @@ import pytest
 from backends.ipu_sim import calibrate
 from backends.ipu_sim.cost import Constants, RunShape, allreduce_s, ring_allreduce_s, step_time
 from backends.ipu_sim.profile import ModelProfile
-from tests.systems import system
-
-RESNET50 = calibrate.resnet50_profile()
+from tests.systems import resnet50_profile, system
 
 
 def shape(replicas: int, grad_accum: int = 10, **kwargs) -> RunShape:
@@ -32,8 +30,8 @@ def split(profile: ModelProfile, stages: int, output_bytes: float = 8e6) -> Mode
 def test_merged_allreduce_beats_per_tensor_more_so_with_more_replicas():
     gaps = []
     for name, replicas in (("ipu_pod16", 16), ("ipu_pod256", 256)):
-        merged = step_time(RESNET50, system(name), shape(replicas), Constants())
-        per_tensor = step_time(RESNET50, system(name), shape(replicas, merged_allreduce=False), Constants())
+        merged = step_time(resnet50_profile(), system(name), shape(replicas), Constants())
+        per_tensor = step_time(resnet50_profile(), system(name), shape(replicas, merged_allreduce=False), Constants())
         assert merged.total_s < per_tensor.total_s
         gaps.append(per_tensor.allreduce_s - merged.allreduce_s)
     assert 0 < gaps[0] < gaps[1]
@@ -43,21 +41,25 @@ def test_allreduce_goes_hierarchical_beyond_a_pod64():
     pod256, constants = system("ipu_pod256"), Constants()
     slow_gateway = dataclasses.replace(pod256, gateway_bandwidth=pod256.gateway_bandwidth / 10)
     for replicas, crosses in ((64, False), (128, True)):
-        times = [allreduce_s(RESNET50, s, shape(replicas), constants) for s in (pod256, slow_gateway)]
+        times = [allreduce_s(resnet50_profile(), s, shape(replicas), constants) for s in (pod256, slow_gateway)]
         assert (times[1] > times[0]) == crosses
-    grad_bytes, link, latency = 2 * RESNET50.param_count, pod256.chip.link_bandwidth, constants.collective_latency_s
+    grad_bytes, link, latency = (
+        2 * resnet50_profile().param_count,
+        pod256.chip.link_bandwidth,
+        constants.collective_latency_s,
+    )
     within = ring_allreduce_s(grad_bytes, 64, link, latency, 1)
     across = ring_allreduce_s(grad_bytes / 64, 2, pod256.gateway_bandwidth, latency, 1)
-    assert allreduce_s(RESNET50, pod256, shape(128), constants) == pytest.approx(within + across)
+    assert allreduce_s(resnet50_profile(), pod256, shape(128), constants) == pytest.approx(within + across)
 
 
 def test_pipeline_stages_cost_fill_and_drain():
     pod16, grad_accum = system("ipu_pod16"), 8
-    one = step_time(RESNET50, pod16, shape(16, grad_accum), Constants())
+    one = step_time(resnet50_profile(), pod16, shape(16, grad_accum), Constants())
     throughput = [shape(16, grad_accum).global_batch / one.total_s]
     for stages in (2, 4):
         piped_shape = shape(16 // stages, grad_accum)
-        piped = step_time(split(RESNET50, stages), pod16, piped_shape, Constants())
+        piped = step_time(split(resnet50_profile(), stages), pod16, piped_shape, Constants())
         assert piped.compute_s == pytest.approx(one.compute_s / stages * (grad_accum + stages - 1) / grad_accum)
         assert piped.exchange_s > 0
         throughput.append(piped_shape.global_batch / piped.total_s)
@@ -66,32 +68,32 @@ def test_pipeline_stages_cost_fill_and_drain():
 
 def test_host_feed_limit_binds_when_host_cores_are_few():
     pod16 = system("ipu_pod16")
-    fed = step_time(RESNET50, pod16, shape(16), Constants())
+    fed = step_time(resnet50_profile(), pod16, shape(16), Constants())
     assert fed.total_s == fed.device_s > fed.host_feed_s
-    starved = step_time(RESNET50, dataclasses.replace(pod16, host_cores=4), shape(16), Constants())
+    starved = step_time(resnet50_profile(), dataclasses.replace(pod16, host_cores=4), shape(16), Constants())
     assert starved.total_s == starved.host_feed_s > starved.device_s
 
 
 def test_more_ipus_than_the_system_has_are_refused():
     pod16 = system("ipu_pod16")
     with pytest.raises(ValueError, match="17 replicas x 1 IPUs per replica = 17 IPUs, but ipu_pod16 has 16"):
-        step_time(RESNET50, pod16, shape(17), Constants())
+        step_time(resnet50_profile(), pod16, shape(17), Constants())
     with pytest.raises(ValueError, match="= 20 IPUs"):
-        step_time(split(RESNET50, 4), pod16, shape(5), Constants())
+        step_time(split(resnet50_profile(), 4), pod16, shape(5), Constants())
 
 
 def test_calibrated_on_pod16_predicts_pod64_within_10_percent():
-    constants = calibrate.fit(RESNET50, system("ipu_pod16"), Constants())
-    pod16 = calibrate.project_published(RESNET50, system("ipu_pod16"), calibrate.POD16, constants)
+    constants = calibrate.fit(resnet50_profile(), system("ipu_pod16"), Constants())
+    pod16 = calibrate.project_published(resnet50_profile(), system("ipu_pod16"), calibrate.POD16, constants)
     assert pod16.throughput_img_s == pytest.approx(calibrate.POD16.throughput_img_s, rel=1e-6)
     assert pod16.time_to_train_min == pytest.approx(calibrate.POD16.time_to_train_min, rel=1e-6)
     assert pod16.eval_s == pytest.approx(calibrate.POD16_EVAL_S, rel=1e-6)
-    pod64 = calibrate.project_published(RESNET50, system("ipu_pod64"), calibrate.POD64, constants)
+    pod64 = calibrate.project_published(resnet50_profile(), system("ipu_pod64"), calibrate.POD64, constants)
     assert pod64.throughput_img_s == pytest.approx(calibrate.POD64.throughput_img_s, rel=0.10)
     assert pod64.time_to_train_min == pytest.approx(calibrate.POD64.time_to_train_min, rel=0.10)
 
 
 def test_default_constants_are_the_calibrated_ones():
-    fitted = calibrate.fit(RESNET50, system("ipu_pod16"), Constants())
+    fitted = calibrate.fit(resnet50_profile(), system("ipu_pod16"), Constants())
     for name in ("compute_efficiency", "eval_overhead_s", "run_overhead_s"):
         assert getattr(Constants(), name) == pytest.approx(getattr(fitted, name), rel=1e-3), name

@@ -22,50 +22,41 @@ from omegaconf import OmegaConf
 
 from backends.ipu_sim.cost import Constants, Projection, RunShape, evaluation_s, evaluations, project, step_time
 from backends.ipu_sim.hardware import System
-from backends.ipu_sim.profile import ModelProfile, StageProfile
+from backends.ipu_sim.plan import Layout, plan_run
+from backends.ipu_sim.profile import ModelProfile
 from configs.schema import register
+from models import batchnorm, build_resnet50
 
 
 @dataclass(frozen=True)
 class Published:
-    """One MLPerf v1.1 result and the run shape behind it (ipu.md: 8-bit input, fp16.16, merged all-reduce)."""
+    """One MLPerf v1.1 result and the layout behind it (ipu.md; configs/experiment/mlperf_pod16.yaml and
+    mlperf_pod64.yaml run the same layouts)."""
 
     system: str
-    shape: RunShape
+    layout: Layout
     epochs: int
     throughput_img_s: float
     time_to_train_min: float
 
+    @property
+    def shape(self) -> RunShape:
+        return self.layout.shape()
 
-# device_iterations is not in the published logs: 100 is assumed (host sync then costs 10 us per step).
-POD16 = Published("ipu_pod16", RunShape(16, micro_batch=20, grad_accum=10, device_iterations=100), 38, 29_541, 28.335)
-POD64 = Published("ipu_pod64", RunShape(64, micro_batch=20, grad_accum=3, device_iterations=100), 38, 108_011, 8.504)
+
+# 20 images per micro-batch on one IPU per replica, recomputation at block outputs, fp16.16, 8-bit input, one
+# merged all-reduce. device_iterations is not in the published logs: 100 is assumed (host sync: 10 us per step).
+RECIPE = Layout(replicas=16, micro_batch=20, grad_accum=10, image_size=224, recompute="auto", device_iterations=100)
+POD16 = Published("ipu_pod16", RECIPE, 38, 29_541, 28.335)
+POD64 = Published("ipu_pod64", dataclasses.replace(RECIPE, replicas=64, grad_accum=3), 38, 108_011, 8.504)
 POD16_EVAL_S = 25.0  # ipu.md: evaluation of the saved checkpoints after training, "about 25 s on POD16"
 
 
-def resnet50_profile() -> ModelProfile:
-    """ResNet-50 v1.5 at 224 px, micro-batch 20, on one IPU, checkpoints at every Bottleneck output, fp16
-    activations, 8-bit input: the figures backends.ipu_sim.probe.profile_model(recompute="auto") measured
-    (4 significant digits), kept here so that calibrating takes no forward pass."""
-    stage = StageProfile(
-        first_module="conv1",
-        forward_flops=163.6e9,  # 4.09 GMAC per image
-        backward_flops=322.4e9,  # input and weight gradients (none for the image)
-        recompute_flops=163.5e9,  # the whole forward again but the classifier: only Bottleneck outputs are kept
-        memory_bytes=10.49e9,
-        param_count=25_557_032,
-        activation_bytes=219.8e6,
-        recompute_peak_bytes=238.8e6,
-        output_bytes=0.0,
-    )
-    return ModelProfile(
-        micro_batch=20,
-        image_size=224,
-        activation_dtype_bytes=2,
-        stages=(stage,),
-        gradient_tensors=161,
-        input_bytes=20 * 224 * 224 * 3,
-    )
+def resnet50_profile(system: System) -> ModelProfile:
+    """ResNet-50 v1.5 as the published runs laid it out, probed on the host (a few seconds). The POD16 and POD64
+    layouts differ only in replicas and accumulation, which the probe does not see."""
+    model = build_resnet50(1000, batchnorm(0.1, 1e-5), channels_last=True)
+    return plan_run(model, RECIPE, system.chip).profile
 
 
 def fit_compute_efficiency(
@@ -117,8 +108,8 @@ def error(projected: float, published: float) -> float:
 
 
 def main() -> None:
-    profile = resnet50_profile()
     systems = {published.system: load_system(published.system) for published in (POD16, POD64)}
+    profile = resnet50_profile(systems[POD16.system])
     constants = fit(profile, systems[POD16.system], Constants())
     print("fitted on ipu_pod16 (MLPerf Training v1.1, ResNet-50):")
     for name in ("compute_efficiency", "eval_overhead_s", "run_overhead_s"):
