@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import time
 from contextlib import AbstractContextManager
 from typing import Any
 
@@ -16,7 +17,8 @@ from distributed.group import average_over_ranks, broadcast_from_main
 from models.loss import smoothed_cross_entropy
 from optim.precision import MixedPrecision, Policy
 
-Pass = tuple[torch.Tensor, torch.Tensor, AbstractContextManager]  # images, labels, the scope its forward runs in
+# images, labels, and the scope its forward runs in (reusable: a pipeline enters it once per stage)
+Pass = tuple[torch.Tensor, torch.Tensor, AbstractContextManager]
 
 
 class LocalGradients:
@@ -83,21 +85,32 @@ class NativeBackend:
         self.gradients.zero_()
         images = images.to(self.device, non_blocking=True)
         labels = labels.to(self.device, non_blocking=True)
-        total = torch.zeros((), device=self.device)
         passes = self.forward_passes(images, labels)
-        for i, (pass_images, pass_labels, scope) in enumerate(passes, 1):
-            if i == len(passes):
-                self.gradients.arm()  # the update's gradients are complete after this backward
-            with scope:
-                logits = self.precision.forward(self.model, pass_images)
-            loss = smoothed_cross_entropy(logits, pass_labels, self.label_smoothing)
-            self.precision.backward(loss / len(passes))
-            total += loss.detach()
+        total = self.run_passes(passes)
         self.gradients.reduce()
         if self.precision.gradients_ready(self.params):
             self.optimizer.step()
             self.precision.after_update()
         return total / len(passes)
+
+    def run_passes(self, passes: list[Pass]) -> torch.Tensor:
+        """Forward and backward of every pass, one after another, with `gradients.arm()` before the last
+        backward; returns the sum of the passes' losses."""
+        total = torch.zeros((), device=self.device)
+        for i, (pass_images, pass_labels, scope) in enumerate(passes, 1):
+            if i == len(passes):
+                self.gradients.arm()  # the update's gradients are complete after this backward
+            with scope:
+                logits = self.precision.forward(self.model, pass_images)
+            total += self.backward_loss(logits, pass_labels, len(passes))
+        return total
+
+    def backward_loss(self, logits: torch.Tensor, labels: torch.Tensor, passes: int) -> torch.Tensor:
+        """The label-smoothed loss of one of `passes` passes, after its backward (scaled as the policy says and
+        weighed 1 / passes, so the update follows the mean loss); returns it detached."""
+        loss = smoothed_cross_entropy(logits, labels, self.label_smoothing)
+        self.precision.backward(loss / passes)
+        return loss.detach()
 
     def forward_passes(self, images: torch.Tensor, labels: torch.Tensor) -> list[Pass]:
         """The forward passes of one weight update, whose mean losses weigh equally: the `grad_accum`
@@ -124,6 +137,9 @@ class NativeBackend:
         self.model.eval()
         logits = self.precision.forward(self.model, images.to(self.device, non_blocking=True))
         return (logits.argmax(dim=1) == labels.to(self.device, non_blocking=True)).sum()
+
+    def now(self) -> float:
+        return time.time()
 
     def state_dict(self) -> dict[str, Any]:
         return {

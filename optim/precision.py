@@ -6,7 +6,9 @@ A policy is applied to a model by `MixedPrecision`:
   are 16-bit, the weights the optimizer owns stay fp32 tensors. On the CPU, where fp16 arithmetic is several
   times slower than fp32, fp16 is emulated instead: everything computes in fp32, and every layer's output and
   the compute copy of the convolution and linear weights are rounded to fp16, which are the numbers an fp16
-  device stores (the casts also round the gradients flowing back through them to fp16).
+  device stores (the casts also round the gradients flowing back through them to fp16). Inside
+  `stochastic_streams(generators)` the outputs are rounded stochastically instead, each of the batch's equal
+  shares with its own stream: the IPU's fp16 arithmetic with a different seed on every replica.
 - A 16-bit master (the ".16" policies) is kept as fp32 tensors that hold 16-bit values: after each update the
   optimizer's fp32 result is rounded back, stochastically (unbiased, seeded per rank) or to nearest. Only
   convolution and linear weights have 16-bit masters.
@@ -20,6 +22,7 @@ A policy is applied to a model by `MixedPrecision`:
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -113,6 +116,7 @@ class MixedPrecision:
         self.master = DTYPES[policy.master]
         self.scaler = LossScaler(policy.loss_scaling, policy.init_scale, policy.growth_interval, policy.max_skipped)
         self.generator = torch.Generator(device).manual_seed(seed)  # the stochastic-rounding stream of this rank
+        self.streams: Sequence[torch.Generator] = ()  # emulated fp16 outputs round with these, one per batch share
         self.low_precision = {
             f"{prefix}.{name}" if prefix else name: param
             for prefix, module in model.named_modules()
@@ -123,7 +127,7 @@ class MixedPrecision:
             if isinstance(module, nn.modules.batchnorm._BatchNorm):
                 module.register_forward_pre_hook(_inputs_in_fp32)
             if policy.emulate and isinstance(module, ROUNDED_LAYERS):
-                module.register_forward_hook(_output_in_fp16)
+                module.register_forward_hook(self._output_in_fp16)
         if self.master != torch.float32:
             self._round_masters(stochastic=False)  # start from the 16-bit values nearest the initialisation
 
@@ -134,6 +138,18 @@ class MixedPrecision:
             return functional_call(model, rounded, (images,), strict=False)
         with self.autocast():
             return model(images)
+
+    def stochastic_streams(self, generators: Sequence[torch.Generator]) -> StochasticStreams:
+        """While entered, emulated fp16 layer outputs are rounded stochastically, the batch cut into
+        len(generators) equal shares, each rounded with its own generator."""
+        return StochasticStreams(self, generators)
+
+    def _output_in_fp16(self, module: nn.Module, inputs: Any, output: torch.Tensor) -> torch.Tensor:
+        """The output as an fp16 device stores it: rounded to nearest, or stochastically inside
+        `stochastic_streams`; either way its gradient is rounded to fp16 on the way back, as the cast rounds it."""
+        if not self.streams:
+            return output.to(torch.float16).to(torch.float32)
+        return _RoundedStochastically.apply(output, self.streams)
 
     def autocast(self) -> contextlib.AbstractContextManager:
         if self.compute == torch.float32 or self.policy.emulate:
@@ -177,12 +193,37 @@ class MixedPrecision:
         self.generator.set_state(state["generator"])
 
 
+class StochasticStreams:
+    """MixedPrecision.stochastic_streams: reusable, as a pipeline enters a pass's scope once per stage."""
+
+    def __init__(self, precision: MixedPrecision, generators: Sequence[torch.Generator]) -> None:
+        self.precision, self.generators = precision, generators
+
+    def __enter__(self) -> None:
+        self.precision.streams = self.generators
+
+    def __exit__(self, *exc: object) -> None:
+        self.precision.streams = ()
+
+
+class _RoundedStochastically(torch.autograd.Function):
+    """fp32 values rounded stochastically to fp16, each equal share of the batch with its own generator; the
+    gradient is rounded to fp16 on the way back, as a cast rounds it."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, streams: Sequence[torch.Generator]) -> torch.Tensor:
+        rounded = torch.empty_like(x)
+        for share, into, generator in zip(x.chunk(len(streams)), rounded.chunk(len(streams)), streams, strict=True):
+            into.copy_(round_stochastic(share, torch.float16, generator))
+        return rounded
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return grad.to(torch.float16).to(grad.dtype), None
+
+
 def _inputs_in_fp32(module: nn.Module, inputs: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
     return (inputs[0].to(torch.promote_types(inputs[0].dtype, torch.float32)),)  # float64 stays float64
-
-
-def _output_in_fp16(module: nn.Module, inputs: Any, output: torch.Tensor) -> torch.Tensor:
-    return output.to(torch.float16).to(torch.float32)
 
 
 def emulates_fp16(compute: str, emulate: str, device_type: str) -> bool:

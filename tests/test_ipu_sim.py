@@ -12,6 +12,7 @@ from backends.ipu_sim.backend import IpuSimBackend
 from backends.native import NativeBackend
 from configs.schema import Config, ConfigError, validate
 from distributed.batchnorm import DistributedBatchNorm2d
+from optim.precision import Policy
 from tests.conftest import compliance_check, mllog_events, run_train
 from tests.ranks import run_ranks
 from tests.systems import system
@@ -82,6 +83,41 @@ def test_virtual_replicas_train_to_the_weights_of_as_many_ranks():
             torch.testing.assert_close(simulated[key], value, rtol=0, atol=1e-9, msg=f"bn_group {bn_group}: {key}")
 
 
+FP16_16 = Policy("fp16.16", compute="fp16", master="fp16", stochastic_rounding=True, emulate=True)
+
+
+def first_layer_outputs(rank: int, world_size: int) -> dict[tuple[int, int], torch.Tensor]:
+    """One step of fp16.16 with this rank's share of the replicas, every replica given the same images: the first
+    layer's rounded output per (global replica, micro-batch)."""
+    model = net(nn.BatchNorm2d).float()
+    backend = IpuSimBackend(
+        model,
+        sgd(model),
+        torch.device("cpu"),
+        label_smoothing=0.1,
+        grad_accum=ACCUM,
+        replicas=REPLICAS // world_size,
+        policy=FP16_16,
+        seed=7,
+    )
+    outputs: list[torch.Tensor] = []
+    model[0].register_forward_hook(lambda module, inputs, output: outputs.append(output.detach()))
+    images, labels = (t[: GLOBAL // REPLICAS].repeat_interleave(REPLICAS, dim=0) for t in batches()[0])
+    backend.train_step(images[rank::world_size].float(), labels[rank::world_size], lr=0.1)
+    passes = [(r, k) for r in range(REPLICAS // world_size) for k in range(ACCUM)]  # the order of forward_passes
+    return {(rank + world_size * r, k): output for (r, k), output in zip(passes, outputs, strict=True)}
+
+
+def test_each_replica_rounds_with_its_own_stream_wherever_it_runs():
+    virtual = first_layer_outputs(0, 1)
+    on_ranks = {key: value for rank in run_ranks(first_layer_outputs, 2) for key, value in rank.items()}
+    assert virtual.keys() == on_ranks.keys()
+    for key, output in virtual.items():
+        assert torch.equal(output, on_ranks[key]), f"replica {key[0]}, micro-batch {key[1]}"
+        assert torch.equal(output, output.half().float())  # on the fp16 grid
+    assert not torch.equal(virtual[(0, 0)], virtual[(1, 0)])  # the same images, rounded with another stream
+
+
 def ipu_config(**device: object) -> Config:
     cfg = Config()
     cfg.device.name, cfg.device.system = "ipu_sim", system("ipu_pod16")
@@ -114,11 +150,18 @@ def test_an_ipu_layout_that_does_not_add_up_is_refused(settings, key, message):
     assert err.value.key == key and message in str(err.value)
 
 
-def test_a_pipeline_split_that_is_not_a_module_is_refused(cache_dir, tmp_path):
-    overrides = ("device.pipeline_splits=[layer9]", "dist.grad_accum=2", f"hydra.run.dir={tmp_path}")
+@pytest.mark.parametrize(
+    ("split", "message"),
+    [
+        ("layer9", "'layer9' is not a module of the model"),
+        ("layer2.0.conv2", "the stage from 'layer2.0.conv2' takes 2 tensors; a cut must pass exactly one"),
+    ],
+)
+def test_a_pipeline_split_that_is_not_a_module_boundary_is_refused(split, message, cache_dir, tmp_path):
+    overrides = (f"device.pipeline_splits=[{split}]", "dist.grad_accum=2", f"hydra.run.dir={tmp_path}")
     result = run_train("experiment=smoke", "device=ipu_pod16", *overrides, cache=cache_dir)
     assert result.returncode == 2
-    assert "error: device.pipeline_splits: 'layer9' is not a module of the model" in result.stderr
+    assert f"error: device.pipeline_splits: {message}" in result.stderr
 
 
 @pytest.mark.slow

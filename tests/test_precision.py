@@ -94,6 +94,24 @@ def test_emulated_fp16_rounds_every_layer_output_to_fp16():
     assert len(outputs) == 4 and all(o.dtype == torch.float32 and on_grid(o, torch.float16) for o in outputs)
 
 
+def test_stochastic_streams_round_each_share_of_the_batch_with_its_own_generator():
+    backend = backend_for(POLICIES["fp16.16"])
+    images, _ = batch()
+    twice = torch.cat([images[:4], images[:4]])  # two replicas given the same images
+
+    def logits(seeds: tuple[int, ...]) -> torch.Tensor:
+        with backend.precision.stochastic_streams([torch.Generator().manual_seed(s) for s in seeds]):
+            return backend.precision.forward(backend.model.eval(), twice)
+
+    nearest = backend.precision.forward(backend.model.eval(), twice)
+    first, again, swapped = logits((1, 2)), logits((1, 2)), logits((2, 1))
+    assert on_grid(first, torch.float16) and not torch.equal(first, nearest)
+    assert torch.equal(first, again)  # a stream is its seed
+    assert not torch.equal(first[:4], first[4:])  # the two replicas' roundings differ
+    assert torch.equal(first[:4], swapped[4:]) and torch.equal(first[4:], swapped[:4])  # each share its own stream
+    torch.testing.assert_close(first, nearest, rtol=0.02, atol=1e-3)  # within fp16 rounding of each other
+
+
 def poison_next_gradient(param: nn.Parameter) -> None:
     handle = None
 

@@ -172,14 +172,19 @@ def step_time(profile: ModelProfile, system: System, shape: RunShape, constants:
     )
 
 
-def evaluation_s(profile: ModelProfile, system: System, shape: RunShape, constants: Constants, images: int) -> float:
-    """One evaluation: forward passes spread over the run's IPUs, no faster than the hosts decode, plus a fixed
-    cost (loading the checkpoint, starting the evaluation program)."""
+def eval_image_s(profile: ModelProfile, system: System, shape: RunShape, constants: Constants) -> float:
+    """One validation image's share of an evaluation: forward passes spread over the run's IPUs, no faster than
+    the hosts decode."""
     forward_flops = sum(stage.forward_flops for stage in profile.stages) / profile.micro_batch
     ipus = shape.replicas * len(profile.stages)
-    device = images * forward_flops / (ipus * peak_flops(system, shape) * constants.compute_efficiency)
-    decode = images / (system.host_cores * constants.loader_img_s_per_core)
-    return max(device, decode) + constants.eval_overhead_s
+    device = forward_flops / (ipus * peak_flops(system, shape) * constants.compute_efficiency)
+    decode = 1 / (system.host_cores * constants.loader_img_s_per_core)
+    return max(device, decode)
+
+
+def evaluation_s(profile: ModelProfile, system: System, shape: RunShape, constants: Constants, images: int) -> float:
+    """One evaluation of `images`, plus a fixed cost (loading the checkpoint, starting the evaluation program)."""
+    return images * eval_image_s(profile, system, shape, constants) + constants.eval_overhead_s
 
 
 def evaluations(epochs: float, eval_every: int = 4) -> int:
@@ -206,3 +211,28 @@ def project(
     evaluation = evaluations(epochs, eval_every) * evaluation_s(profile, system, shape, constants, eval_images)
     total = epochs * epoch + evaluation + constants.run_overhead_s
     return Projection(throughput, epoch, evaluation, total / 60, step)
+
+
+def report(projection: Projection, shape: RunShape, stages: int, epochs: float) -> str:
+    """The step-time breakdown and the projected run, as run.mode=project prints them."""
+    step = projection.step
+    terms = {
+        f"compute ({pipeline_cycles(stages, shape.grad_accum)} pipeline cycles)": step.compute_s,
+        "exchange between stages": step.exchange_s,
+        f"all-reduce ({shape.replicas} replicas)": step.allreduce_s,
+        "weight update": step.update_s,
+        f"host sync (1 per {shape.device_iterations} steps)": step.host_sync_s,
+    }
+    batch = f"{shape.micro_batch} x {shape.grad_accum} x {shape.replicas} replicas = {shape.global_batch} images"
+    lines = [f"step time of one weight update ({batch}), ms"]
+    lines += [f"  {name:<40}{1e3 * seconds:>10.3f}" for name, seconds in terms.items()]
+    lines.append(f"  {'device, total':<40}{1e3 * step.device_s:>10.3f}")
+    lines.append(f"  {'host feed (decode and send, overlapped)':<40}{1e3 * step.host_feed_s:>10.3f}")
+    bound = "device" if step.device_s >= step.host_feed_s else "host feed"
+    lines += [
+        f"throughput {projection.throughput_img_s:,.0f} img/s ({bound}-bound)",
+        f"epoch {projection.epoch_s:.2f} s",
+        f"evaluations {projection.eval_s:.1f} s",
+        f"time to train ({epochs:g} epochs) {projection.time_to_train_min:.3f} min",
+    ]
+    return "\n".join(lines)
