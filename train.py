@@ -6,6 +6,8 @@
     python train.py hydra.run.dir=outputs/run1 run.resume=auto   continue run1 from its last checkpoint
     python train.py precision=fp16.16             fp16 weights with stochastic rounding (configs/precision/)
     python train.py run.mode=benchmark precision=bf16   time the train step on random batches
+    python train.py run.mode=project experiment=mlperf_pod64    memory plan and time-to-train on a simulated IPU-POD64
+    python train.py device=ipu_pod16 device.replicas=4 mlperf.clock=device   train on 4 simulated IPUs, log their time
     torchrun --nproc-per-node 2 train.py dist.bn_group_size=2   two processes, BatchNorm over both
 
 Everything the run writes goes to its Hydra output directory: config.yaml (resolved), mlperf.log,
@@ -37,6 +39,11 @@ import backends
 import distributed
 from backends import checkpoint
 from backends.checkpoint import CheckpointError
+from backends.ipu_sim import cost, pipeline
+from backends.ipu_sim.clock import DeviceClock
+from backends.ipu_sim.cost import Constants
+from backends.ipu_sim.memory import OutOfMemory
+from backends.ipu_sim.plan import Layout, Plan, plan_run
 from configs.schema import Config, ConfigError, register, training_fingerprint, validate
 from data.datasets import open_dataset
 from data.folder import DatasetError, Split
@@ -61,6 +68,7 @@ QUIET_HYDRA = ["hydra.output_subdir=null", "hydra/job_logging=disabled", "hydra/
 CHECKPOINT = "checkpoint.pt"
 FINAL_WEIGHTS = "model.pt"
 METRICS = "metrics.csv"
+IMAGENET_TRAIN_IMAGES, IMAGENET_EVAL_IMAGES = 1_281_167, 50_000
 
 register()
 
@@ -73,6 +81,8 @@ def main(raw: DictConfig) -> None:
     with distributed.process_group(topology, cfg.device.name, cfg.dist.timeout_s):
         if cfg.run.mode == "benchmark":
             benchmark(cfg, topology)
+        elif cfg.run.mode == "project":
+            project(cfg)
         else:
             out_dir = agree_on_output_dir(Path(HydraConfig.get().runtime.output_dir))
             train(cfg, out_dir, topology, resolved=OmegaConf.to_yaml(raw, resolve=True))
@@ -96,7 +106,9 @@ def train(cfg: Config, out_dir: Path, topology: Topology, resolved: str) -> None
     if resumed is None:
         log.event(constants.CACHE_CLEAR, True)
         log.start(constants.INIT_START)
-        log_submission(log, Submission(cfg.mlperf.org, cfg.mlperf.platform, cfg.mlperf.division, cfg.mlperf.status))
+        log_submission(
+            log, Submission(cfg.mlperf.org, submission_platform(cfg), cfg.mlperf.division, cfg.mlperf.status)
+        )
         log.event(constants.SEED, cfg.run.seed)
     seed_everything(cfg.run.seed, topology.rank)
 
@@ -114,6 +126,8 @@ def train(cfg: Config, out_dir: Path, topology: Topology, resolved: str) -> None
         if topology.distributed:
             print(f"{topology.world_size} ranks ({topology.launcher}), BN span {bn_span(cfg, topology.world_size)}")
     backend = build_backend(cfg, len(train_split.classes), device, topology, policy)
+    if cfg.mlperf.clock == "device":
+        log.clock = backend.now  # from here on the log, and the time-to-train, are in the simulated IPUs' time
     schedule = make_schedule(cfg, steps_per_epoch)
 
     metrics = MetricsCSV(out_dir / METRICS if topology.is_main else None)
@@ -122,7 +136,7 @@ def train(cfg: Config, out_dir: Path, topology: Topology, resolved: str) -> None
         log.end(constants.INIT_STOP)
         distributed.barrier()  # every rank is ready when the clock starts
         log.start(constants.RUN_START)
-        loop = Loop(run_start=time.time())
+        loop = Loop(run_start=log.clock())
     else:
         loop = resume(resumed, backend, log, metrics, topology.rank)
 
@@ -140,7 +154,8 @@ def train(cfg: Config, out_dir: Path, topology: Topology, resolved: str) -> None
         plot(metrics.read(), out_dir / "metrics.png", cfg.mlperf.target_accuracy)
         checkpoint.save_atomically(out_dir / FINAL_WEIGHTS, backend.state_dict()["model"])
         (out_dir / CHECKPOINT).unlink(missing_ok=True)  # the run is over: nothing is left to resume
-        print_summary(status, accuracy, loop, out_dir, skipped={**train_loader.skipped, **val_loader.skipped})
+        minutes = (log.clock() - loop.run_start) / 60
+        print_summary(status, accuracy, loop, minutes, out_dir, skipped={**train_loader.skipped, **val_loader.skipped})
 
 
 def train_to_target(
@@ -158,6 +173,7 @@ def train_to_target(
     """Epochs in blocks that end with an evaluation, until the target accuracy or the epoch budget.
 
     Every rank takes the same decisions: the loss and the accuracy they rest on are reduced over the ranks.
+    Times are on the log's clock.
     """
     evals = eval_epochs(cfg.run.max_epochs, cfg.mlperf.first_eval, cfg.mlperf.eval_every)
     progress = Progress("none" if quiet else cfg.run.progress, cfg.run.max_epochs, cfg.data.global_batch)
@@ -170,7 +186,7 @@ def train_to_target(
                 constants.BLOCK_START,
                 metadata={constants.FIRST_EPOCH_NUM: epoch, constants.EPOCH_COUNT: block_last - epoch + 1},
             )
-        started = time.perf_counter()
+        started = log.clock()
         try:
             loss, lr = train_epoch(backend, train_loader, schedule, loop, epoch, progress)
             loss = distributed.mean_over_ranks(loss)
@@ -178,7 +194,7 @@ def train_to_target(
         except NonFiniteLoss as err:
             print(f"error: {err} in epoch {epoch}; stopping (run_stop aborted)", file=sys.stderr)
             return constants.ABORTED, accuracy
-        images_per_s = len(train_loader) * cfg.data.global_batch / (time.perf_counter() - started)
+        images_per_s = len(train_loader) * cfg.data.global_batch / (log.clock() - started)
         if not math.isfinite(loss):
             print(
                 f"error: the training loss is {loss} in epoch {epoch}; stopping (run_stop aborted)",
@@ -192,7 +208,7 @@ def train_to_target(
             accuracy = evaluate(backend, val_loader)
             log.event(constants.EVAL_ACCURACY, accuracy, metadata={constants.EPOCH_NUM: epoch})
             log.end(constants.EVAL_STOP, metadata={constants.EPOCH_NUM: epoch})
-        elapsed = time.time() - loop.run_start
+        elapsed = log.clock() - loop.run_start
         metrics.append(
             EpochMetrics(
                 epoch, loop.step, lr, loss, images_per_s, accuracy, elapsed, backend.loss_scale, backend.skipped_steps
@@ -304,13 +320,10 @@ def precision_policy(cfg: Config, device: torch.device) -> Policy:
 def build_backend(
     cfg: Config, classes: int, device: torch.device, topology: Topology, policy: Policy
 ) -> backends.Backend:
-    """ResNet-50, LARS or SGD with the MLPerf parameter groups, and the precision policy, bound to `device`."""
-    model = build_resnet50(
-        classes,
-        norm_layer(cfg),
-        cfg.model.zero_init_residual,
-        cfg.device.channels_last,
-    )
+    """ResNet-50, LARS or SGD with the MLPerf parameter groups, and the precision policy, bound to `device`; on a
+    simulated IPU system, once its memory plan fits, with the system's clock."""
+    model = build_model(cfg, classes)
+    clock = ipu_clock(cfg, model, announce=topology.is_main) if cfg.device.name == "ipu_sim" else None
     optimizer = build_optimizer(
         cfg.optim.name,
         model,
@@ -332,7 +345,63 @@ def build_backend(
         overlap=cfg.dist.overlap,
         replicas=cfg.device.replicas // topology.world_size,
         bn_group=cfg.dist.bn_group_size,
+        clock=clock,
+        pipeline_splits=cfg.device.pipeline_splits,
     )
+
+
+def build_model(cfg: Config, classes: int) -> torch.nn.Module:
+    """ResNet-50 with the configured norm layer; pipeline splits must cut it where one tensor crosses."""
+    model = build_resnet50(classes, norm_layer(cfg), cfg.model.zero_init_residual, cfg.device.channels_last)
+    check_module_names(model, cfg.device.pipeline_splits, "device.pipeline_splits")
+    if cfg.device.pipeline_splits:
+        try:
+            pipeline.cut(model, cfg.device.pipeline_splits)
+        except ValueError as err:  # e.g. a cut inside a residual block, where two tensors cross
+            raise ConfigError("device.pipeline_splits", str(err)) from err
+    return model
+
+
+def ipu_layout(cfg: Config) -> Layout:
+    """The run's layout on the simulated IPU system, as the probe, the memory plan and the cost model read it."""
+    device = cfg.device
+    return Layout(
+        replicas=device.replicas,
+        micro_batch=cfg.data.global_batch // (device.replicas * cfg.dist.grad_accum),
+        grad_accum=cfg.dist.grad_accum,
+        image_size=cfg.data.image_size,
+        splits=tuple(device.pipeline_splits),
+        recompute=device.recompute,
+        device_iterations=device.device_iterations,
+        optimizer_state=device.optimizer_state,
+        input_8bit=device.input_8bit,
+        compute=cfg.precision.compute,
+        master=cfg.precision.master,
+        merged_allreduce=cfg.dist.bucket_mb is None,
+    )
+
+
+def ipu_plan(cfg: Config, model: torch.nn.Module) -> Plan:
+    """Probe one micro-batch of `model` on the host and plan each IPU's memory."""
+    try:
+        return plan_run(model, ipu_layout(cfg), cfg.device.system.chip)
+    except ValueError as err:  # a split or recomputation checkpoint the model does not run
+        raise ConfigError("device", str(err)) from err
+
+
+def ipu_clock(cfg: Config, model: torch.nn.Module, announce: bool) -> DeviceClock:
+    """The simulated system's clock, timed by the cost model, for a run whose memory plan fits: an oversubscribed
+    plan is refused with the per-IPU table, as the IPU compiler refuses it."""
+    plan = ipu_plan(cfg, model)
+    try:
+        plan.memory.check()
+    except OutOfMemory as err:
+        raise ConfigError("device", str(err)) from err
+    if announce:
+        print(f"IPU memory of {cfg.device.system.name}: {plan.memory.suggestion()}", flush=True)
+    system, shape = cfg.device.system, plan.layout.shape()
+    step = cost.step_time(plan.profile, system, shape, Constants())
+    return DeviceClock(step.total_s, cost.eval_image_s(plan.profile, system, shape, Constants()))
 
 
 def check_module_names(model: torch.nn.Module, names: list[str], key: str) -> None:
@@ -385,6 +454,51 @@ def benchmark(cfg: Config, topology: Topology) -> None:
     figures = {"img_s": round(images_per_s, 2), "precision": cfg.precision.name, "batch": cfg.data.global_batch}
     figures |= {"ranks": topology.world_size, "image_size": size, "optimizer": cfg.optim.name}
     print(json.dumps({**figures, "device": str(device)}))
+
+
+def project(cfg: Config) -> None:
+    """run.mode=project: probe the model on the host, then print the simulated system's memory plan, the step
+    time by component, and the projected epoch and time-to-train for run.max_epochs (no data, no MLPerf log)."""
+    torch.manual_seed(cfg.run.seed)
+    classes, train_images, eval_images = dataset_shape(cfg)
+    plan = ipu_plan(cfg, build_model(cfg, classes))
+    system, shape, epochs = cfg.device.system, plan.layout.shape(), cfg.run.max_epochs
+    projected = cost.project(
+        plan.profile,
+        system,
+        shape,
+        Constants(),
+        epochs=epochs,
+        train_images=train_images,
+        eval_images=eval_images,
+        eval_every=cfg.mlperf.eval_every,
+    )
+    print(f"{system.name}: {system.ipus} {system.chip.name} IPUs, {system.hosts} hosts, {system.host_cores} host cores")
+    print(f"{plan.memory.table()}\n{plan.memory.suggestion()}\n")
+    print(cost.report(projected, shape, len(plan.profile.stages), epochs))
+    figures = {
+        "throughput_img_s": round(projected.throughput_img_s, 1),
+        "epoch_s": round(projected.epoch_s, 3),
+        "time_to_train_min": round(projected.time_to_train_min, 3),
+        "ipu_memory_mb": [round(row.total_mb, 1) for row in plan.memory.rows],
+        "fits": plan.memory.fits,
+    }
+    print(json.dumps(figures))
+
+
+def dataset_shape(cfg: Config) -> tuple[int, int, int]:
+    """Classes, training and validation images of the configured dataset, without reading it."""
+    if cfg.data.name == "imagenet":
+        return 1000, IMAGENET_TRAIN_IMAGES, IMAGENET_EVAL_IMAGES
+    synthetic = cfg.data.synthetic
+    return synthetic.classes, synthetic.classes * synthetic.train_per_class, synthetic.classes * synthetic.val_per_class
+
+
+def submission_platform(cfg: Config) -> str:
+    """The platform the log names; a log in simulated device time says so."""
+    if cfg.mlperf.clock == "device":
+        return f"{cfg.device.system.name} simulated by rn50perf ipu_sim (device time)"
+    return cfg.mlperf.platform
 
 
 def make_schedule(cfg: Config, steps_per_epoch: int) -> Schedule:
@@ -494,8 +608,9 @@ def epoch_line(epoch: int, max_epochs: int, loss: float, lr: float, ips: float, 
     return line + (f"  eval top-1 {accuracy:.4f}" if accuracy is not None else "")
 
 
-def print_summary(status: str, accuracy: float | None, loop: Loop, out_dir: Path, skipped: dict[str, str]) -> None:
-    minutes = (time.time() - loop.run_start) / 60
+def print_summary(
+    status: str, accuracy: float | None, loop: Loop, minutes: float, out_dir: Path, skipped: dict[str, str]
+) -> None:
     shown = "n/a" if accuracy is None else f"{accuracy:.4f}"
     unreadable = f"\n{len(skipped)} unreadable files skipped (each reported above)" if skipped else ""
     print(

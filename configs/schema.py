@@ -122,11 +122,12 @@ class MlperfConfig:
     eval_every: int = 4  # epochs between evaluations
     first_eval: int = 4  # epoch of the first evaluation, 1 to eval_every
     log_file: str = "mlperf.log"
+    clock: str = "wall"  # wall | device: ipu_sim's simulated device time (submission_platform then says so)
 
 
 @dataclass
 class RunConfig:
-    mode: str = "train"
+    mode: str = "train"  # train | benchmark (time the step) | project (ipu_sim: memory plan and time-to-train)
     seed: int = 1
     max_epochs: int = 40
     resume: str = "none"  # none | auto: continue from the checkpoint in the output directory, if there is one
@@ -175,7 +176,7 @@ def _is_power_of_two_times(value: float, unit: float) -> bool:
 def validate(cfg: Config, world_size: int = 1) -> None:
     """Check every value a user can set; raise ConfigError for the first one that is wrong."""
     _validate_model(cfg.model)
-    _validate_data(cfg.data, world_size * cfg.dist.grad_accum)
+    _validate_data(cfg.data, world_size * cfg.dist.grad_accum, reads_files=cfg.run.mode == "train")
     _validate_optim(cfg.optim, cfg.run.max_epochs)
     _validate_precision(cfg.precision)
     _one_of(cfg.device.name, "device.name", ("cpu", "cuda", "ipu_sim"))
@@ -184,9 +185,19 @@ def validate(cfg: Config, world_size: int = 1) -> None:
     _require(cfg.device.threads >= 0, "device.threads", f"must be 0 (default) or more, got {cfg.device.threads}")
     _validate_dist(cfg.dist, cfg.data.global_batch, world_size, bn_groups_of_ranks=cfg.device.name != "ipu_sim")
     _validate_mlperf(cfg.mlperf)
+    _require(
+        cfg.mlperf.clock == "wall" or cfg.device.name == "ipu_sim",
+        "mlperf.clock",
+        "device time is the simulated IPU's: it needs device=ipu_pod16, ipu_pod64, ...",
+    )
     if cfg.mlperf.division == "closed":
         _validate_closed_division(cfg)
     _validate_run(cfg.run)
+    _require(
+        cfg.run.mode != "project" or cfg.device.name == "ipu_sim",
+        "run.mode",
+        "project times a simulated IPU system: add device=ipu_pod16, ipu_pod64, ...",
+    )
 
 
 def _validate_model(model: ModelConfig) -> None:
@@ -195,9 +206,9 @@ def _validate_model(model: ModelConfig) -> None:
     _positive(model.bn_eps, "model.bn_eps")
 
 
-def _validate_data(data: DataConfig, batch_divisor: int) -> None:
+def _validate_data(data: DataConfig, batch_divisor: int, reads_files: bool = True) -> None:
     _one_of(data.name, "data.name", ("synthetic", "imagenet"))
-    if data.name == "imagenet":
+    if data.name == "imagenet" and reads_files:
         _require(data.root is not None, "data.root", "ImageNet needs data.root=/path/to/imagenet")
         root = Path(str(data.root)).expanduser()
         _require(root.is_dir(), "data.root", f"directory {root} does not exist")
@@ -330,6 +341,7 @@ def _validate_mlperf(mlperf: MlperfConfig) -> None:
         "mlperf.first_eval",
         f"must be in [1, mlperf.eval_every={mlperf.eval_every}], got {mlperf.first_eval}",
     )
+    _one_of(mlperf.clock, "mlperf.clock", ("wall", "device"))
 
 
 def _validate_closed_division(cfg: Config) -> None:
@@ -390,7 +402,7 @@ def _validate_precision(precision: PrecisionConfig) -> None:
 
 
 def _validate_run(run: RunConfig) -> None:
-    _one_of(run.mode, "run.mode", ("train", "benchmark"))
+    _one_of(run.mode, "run.mode", ("train", "benchmark", "project"))
     _positive(run.benchmark_steps, "run.benchmark_steps")
     _require(run.max_epochs >= 1, "run.max_epochs", f"must be 1 or more, got {run.max_epochs}")
     _require(run.seed >= 0, "run.seed", f"must be 0 or more, got {run.seed}")

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -15,26 +17,31 @@ class MLPerfLogger:
     """Writes `:::MLLOG` lines through mllog to `path`; a logger with `path=None` (ranks > 0) writes nothing.
 
     Each call passes mllog a stack offset that skips this wrapper, so `file` and `lineno` in the metadata name
-    the code that called `event`/`start`/`end`, which the package checker's seed check relies on.
+    the code that called `event`/`start`/`end`, which the package checker's seed check relies on. Each line is
+    stamped by `clock` (seconds since the epoch): the wall clock, or a simulated device's.
     """
 
-    def __init__(self, path: Path | None) -> None:
+    def __init__(self, path: Path | None, clock: Callable[[], float] = time.time) -> None:
         self.path = path
+        self.clock = clock
         self._mllogger: mllog.MLLogger | None = None
         if path is not None:
             self._mllogger = mllog.MLLogger(logger=_file_logger(path), root_dir=str(REPO_ROOT))
 
     def event(self, key: str, value: Any = None, metadata: dict | None = None) -> None:
         if self._mllogger is not None:
-            self._mllogger.event(key, value, metadata=metadata, stack_offset=2)
+            self._mllogger.event(key, value, metadata=metadata, time_ms=self._now_ms(), stack_offset=2)
 
     def start(self, key: str, value: Any = None, metadata: dict | None = None) -> None:
         if self._mllogger is not None:
-            self._mllogger.start(key, value, metadata=metadata, stack_offset=2)
+            self._mllogger.start(key, value, metadata=metadata, time_ms=self._now_ms(), stack_offset=2)
 
     def end(self, key: str, value: Any = None, metadata: dict | None = None) -> None:
         if self._mllogger is not None:
-            self._mllogger.end(key, value, metadata=metadata, stack_offset=2)
+            self._mllogger.end(key, value, metadata=metadata, time_ms=self._now_ms(), stack_offset=2)
+
+    def _now_ms(self) -> int:
+        return round(self.clock() * 1000)
 
     def close(self) -> None:
         if self._mllogger is not None:

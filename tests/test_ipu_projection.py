@@ -1,0 +1,105 @@
+"""run.mode=project, the memory check at build, and the simulated device clock that MLPerf logs can carry."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+import torch
+from torch import nn
+
+from backends.ipu_sim.backend import IpuSimBackend
+from backends.ipu_sim.calibrate import POD64
+from backends.ipu_sim.clock import DeviceClock
+from configs.schema import Config, ConfigError, validate
+from mlperf_logs.logger import MLPerfLogger
+from tests.conftest import compliance_check, mllog_events, run_train
+from tests.systems import system
+
+# ResNet-50 at 224 px, fp32, 8 images per micro-batch on one IPU: 1.2 GB without recomputation, 0.7 GB with it.
+OVERSUBSCRIBED = ("device=ipu_pod16", "data.image_size=224", "data.eval_resize=256", "data.global_batch=8")
+
+
+def projected(*overrides: str, cache) -> tuple[str, dict]:
+    result = run_train("run.mode=project", *overrides, cache=cache)
+    assert result.returncode == 0, result.stdout + result.stderr
+    return result.stdout, json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def test_the_pod64_recipe_is_projected_within_10_percent_of_its_published_result(cache_dir):
+    stdout, figures = projected("experiment=mlperf_pod64", cache=cache_dir)
+    assert figures["throughput_img_s"] == pytest.approx(POD64.throughput_img_s, rel=0.10)
+    assert figures["time_to_train_min"] == pytest.approx(POD64.time_to_train_min, rel=0.10)
+    assert figures["epoch_s"] == pytest.approx(1_281_167 / figures["throughput_img_s"], rel=1e-3)
+    assert figures["fits"] is True and len(figures["ipu_memory_mb"]) == 1 and figures["ipu_memory_mb"][0] < 900
+    for line in ("IPU memory of one replica, MB (gc200)", "all-reduce (64 replicas)", "time to train (38 epochs)"):
+        assert line in stdout
+
+
+def test_an_oversubscribed_plan_is_refused_with_the_table_and_recomputation_makes_it_fit(cache_dir, tmp_path):
+    _, without = projected("experiment=smoke", *OVERSUBSCRIBED, cache=cache_dir)
+    _, recomputed = projected("experiment=smoke", *OVERSUBSCRIBED, "device.recompute=auto", cache=cache_dir)
+    assert without["fits"] is False and without["ipu_memory_mb"][0] > 900
+    assert recomputed["fits"] is True and recomputed["ipu_memory_mb"][0] < 900
+
+    result = run_train("experiment=smoke", *OVERSUBSCRIBED, f"hydra.run.dir={tmp_path}", cache=cache_dir)
+    assert result.returncode == 2
+    assert "error: device: IPU out of memory" in result.stderr
+    assert f"{without['ipu_memory_mb'][0]:.1f}" in result.stderr  # the table, with the total the plan predicted
+    assert "try recompute=auto" in result.stderr
+
+
+def tiny_backend(clock: DeviceClock) -> IpuSimBackend:
+    model = nn.Sequential(nn.Flatten(), nn.Linear(12, 3))  # no BatchNorm: nothing to keep per replica group
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    return IpuSimBackend(model, optimizer, torch.device("cpu"), label_smoothing=0.0, replicas=2, clock=clock)
+
+
+def test_the_device_clock_moves_by_the_cost_models_time_and_resumes_where_it_was():
+    clock = DeviceClock(step_s=0.5, eval_image_s=0.01)
+    backend = tiny_backend(clock)
+    start = backend.now()
+    images, labels = torch.randn(4, 2, 2, 3), torch.tensor([0, 1, 2, 0])
+    for _ in range(3):
+        backend.train_step(images, labels, lr=0.1)
+    backend.eval_step(images, labels)
+    assert backend.now() == pytest.approx(start + 3 * 0.5 + 4 * 0.01)
+
+    resumed = tiny_backend(DeviceClock(step_s=0.5, eval_image_s=0.01))
+    resumed.load_state_dict(backend.state_dict())
+    assert resumed.now() == backend.now()
+
+
+def test_the_mlperf_log_is_stamped_by_its_clock(tmp_path):
+    log = MLPerfLogger(tmp_path / "mlperf.log", clock=lambda: 1234.5678)
+    log.event("seed", 1)
+    log.close()
+    assert [event["time_ms"] for event in mllog_events(tmp_path / "mlperf.log")] == [1234568]
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "message"),
+    [("mlperf.clock", "device", "device time is the simulated IPU's"), ("run.mode", "project", "project times")],
+)
+def test_device_time_and_projection_need_a_simulated_ipu(key, value, message):
+    cfg = Config()
+    section, name = key.split(".")
+    setattr(getattr(cfg, section), name, value)
+    with pytest.raises(ConfigError, match=message):
+        validate(cfg)
+
+
+@pytest.mark.slow
+def test_the_smoke_task_in_device_time_passes_the_checker_and_says_it_is_simulated(cache_dir, tmp_path):
+    overrides = ("device.replicas=4", "dist.bn_group_size=2", "mlperf.clock=device", f"hydra.run.dir={tmp_path}")
+    started = time.time()
+    result = run_train("experiment=smoke", "device=ipu_pod16", *overrides, cache=cache_dir)
+    wall_s = time.time() - started
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "run_stop status success" in result.stdout
+    assert compliance_check(tmp_path / "mlperf.log").returncode == 0
+    events = {e["key"]: e for e in mllog_events(tmp_path / "mlperf.log")}
+    assert "simulated" in events["submission_platform"]["value"]
+    assert 0 < events["run_stop"]["time_ms"] - events["run_start"]["time_ms"] < 1000 * wall_s / 10
+    assert system("ipu_pod16").name in events["submission_platform"]["value"]
