@@ -1,7 +1,7 @@
 """What the harness's train step costs over a bare PyTorch loop that does the same arithmetic.
 
     python -m bench.step [--batch 32] [--size 96] [--steps 8] [--warmup 2] [--rounds 3]
-                         [--policies fp32,bf16,fp16] [--threads N]
+                         [--policies fp32,bf16,fp16] [--ipu-replicas 4] [--threads N]
 
 For each precision policy two ResNet-50s are built the same way from the same seed (1000 classes, BatchNorm,
 zero-initialised residual gammas, channels-last, uint8 NHWC input normalised inside the model), each with
@@ -18,14 +18,19 @@ torch.optim.SGD (momentum 0.9), and trained on the same random batch:
            torch._amp_foreach_non_finite_check_and_unscale_ and one host sync, the update skipped (and the
            scale halved) when one is not finite
 
-The two loops are interleaved step by step: each round runs `warmup` untimed steps of each, then `steps` timed
+The ipu_sim row (--ipu-replicas R, 0 leaves it out) compares the simulated IPU's step with the native one at the
+same numerics, in fp32: backends.ipu_sim.IpuSimBackend with R virtual replicas (BatchNorm per replica, each with
+its own running statistics, and the simulated clock) against NativeBackend accumulating R micro-batches: both run
+R forward and backward passes of batch/R images and one update, so what differs is the simulation's bookkeeping.
+
+The two loops of a row are interleaved step by step: each round runs `warmup` untimed steps of each, then `steps` timed
 steps of each in the order harness, bare, bare, harness, harness, ... (the next round starts with the other
 one), so that both see the same machine: here its speed drifts by 10-20% over seconds, which rounds of one
 loop at a time turn into ratios off by as much. A loop's rate in a round is its images over its summed step
 times, and its best round counts (the machine is shared, and interference only ever slows a step down); the
 ratio over all timed steps is shown beside it (it averages the step-to-step noise over every pair, where the
 best rounds rest on one round each). The last line is JSON: per policy both rates and their ratio
-(harness / bare), and the smallest ratio.
+(harness / bare), and the smallest ratio; for ipu_sim both rates and ipu_sim / native.
 
 Both loops free the last step's gradients at the start of the next, as the harness does: interleaved, where
 each one frees them decides whose freed memory the other reuses, and with the bare loop freeing them at the
@@ -47,6 +52,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call
 
+from backends.ipu_sim.backend import IpuSimBackend
 from backends.native import NativeBackend
 from models import batchnorm, build_resnet50
 from optim.precision import Policy
@@ -83,11 +89,29 @@ def sgd(model: nn.Module) -> torch.optim.SGD:
     return torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
 
 
-def harness(policy: Policy) -> Loop:
+def harness(policy: Policy, grad_accum: int = 1) -> Loop:
     model = build_model()
     backend = NativeBackend(
-        model, sgd(model), torch.device("cpu"), label_smoothing=LABEL_SMOOTHING, policy=policy, seed=SEED
+        model,
+        sgd(model),
+        torch.device("cpu"),
+        label_smoothing=LABEL_SMOOTHING,
+        policy=policy,
+        seed=SEED,
+        grad_accum=grad_accum,
     )
+    return backend_loop(backend)
+
+
+def ipu_sim(replicas: int) -> Loop:
+    model = build_model()
+    backend = IpuSimBackend(
+        model, sgd(model), torch.device("cpu"), label_smoothing=LABEL_SMOOTHING, seed=SEED, replicas=replicas
+    )
+    return backend_loop(backend)
+
+
+def backend_loop(backend: NativeBackend) -> Loop:
     return Loop(lambda images, labels: backend.train_step(images, labels, LR), lambda: backend.skipped_steps)
 
 
@@ -168,20 +192,20 @@ def timed_rounds(
     return rates
 
 
-def compare(policy: str, images: torch.Tensor, labels: torch.Tensor, args: argparse.Namespace) -> dict[str, float]:
-    loops = {"harness": harness(POLICIES[policy]), "bare": bare(policy)}
+def compare(
+    row: str, loops: dict[str, Loop], images: torch.Tensor, labels: torch.Tensor, args: argparse.Namespace
+) -> dict[str, float]:
+    """Two loops timed side by side: the rates of each, and the first's over the second's."""
     rates = timed_rounds(loops, images, labels, args)
-    print(f"{policy}: img/s per round, harness " + " ".join(f"{r:.1f}" for r in rates["harness"]), end="")
-    print(", bare " + " ".join(f"{r:.1f}" for r in rates["bare"]), flush=True)
+    print(f"{row}: img/s per round, " + ", ".join(f"{n} " + " ".join(f"{r:.1f}" for r in rates[n]) for n in loops))
     best = {name: max(rates[name]) for name in loops}
     pooled = {name: len(rates[name]) / sum(1 / rate for rate in rates[name]) for name in loops}  # all timed steps
+    subject, peer = loops
     return {
-        "harness_img_s": round(best["harness"], 2),
-        "bare_img_s": round(best["bare"], 2),
-        "ratio": round(best["harness"] / best["bare"], 3),
-        "ratio_all_steps": round(pooled["harness"] / pooled["bare"], 3),
-        "harness_skipped": loops["harness"].skipped(),
-        "bare_skipped": loops["bare"].skipped(),
+        **{f"{name}_img_s": round(best[name], 2) for name in loops},
+        "ratio": round(best[subject] / best[peer], 3),
+        "ratio_all_steps": round(pooled[subject] / pooled[peer], 3),
+        **{f"{name}_skipped": loops[name].skipped() for name in loops},
     }
 
 
@@ -193,12 +217,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps before each round")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--policies", default=",".join(POLICIES), help=f"comma-separated, of {', '.join(POLICIES)}")
+    parser.add_argument("--ipu-replicas", type=int, default=4, help="ipu_sim row's virtual replicas (0: no row)")
     parser.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's)")
     args = parser.parse_args(argv)
     policies = [name.strip() for name in args.policies.split(",") if name.strip()]
     unknown = [name for name in policies if name not in POLICIES]
     if unknown or not policies:
         print(f"error: --policies: unknown {unknown or 'empty'}; choose from {', '.join(POLICIES)}", file=sys.stderr)
+        return 2
+    if args.ipu_replicas < 0 or (args.ipu_replicas and args.batch % args.ipu_replicas):
+        print(f"error: --ipu-replicas {args.ipu_replicas} must be 0 or divide --batch {args.batch}", file=sys.stderr)
         return 2
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -208,8 +236,14 @@ def main(argv: list[str] | None = None) -> int:
     labels = torch.randint(0, CLASSES, (args.batch,), generator=generator)
     figures: dict[str, dict[str, float] | float] = {}
     for policy in policies:
-        figures[policy] = compare(policy, images, labels, args)
+        figures[policy] = compare(
+            policy, {"harness": harness(POLICIES[policy]), "bare": bare(policy)}, images, labels, args
+        )
         gc.collect()
+    if args.ipu_replicas:
+        replicas = args.ipu_replicas
+        loops = {"ipu_sim": ipu_sim(replicas), "native": harness(POLICIES["fp32"], grad_accum=replicas)}
+        figures["ipu_sim"] = compare("ipu_sim", loops, images, labels, args)
 
     print(
         f"\nResNet-50, batch {args.batch} at {args.size}x{args.size}, SGD momentum {MOMENTUM}, "
@@ -225,6 +259,13 @@ def main(argv: list[str] | None = None) -> int:
             f"{f['ratio_all_steps']:9.3f}x {skipped:>12}"
         )
     figures["min_ratio"] = min(figures[policy]["ratio"] for policy in policies)
+    if args.ipu_replicas:
+        f = figures["ipu_sim"]
+        print(
+            f"\nipu_sim, {args.ipu_replicas} virtual replicas, fp32: {f['ipu_sim_img_s']:.2f} img/s against native "
+            f"accumulating {args.ipu_replicas} micro-batches {f['native_img_s']:.2f} img/s: {f['ratio']:.3f}x "
+            f"({f['ratio_all_steps']:.3f}x over all steps)"
+        )
     print()
     print(json.dumps(figures))
     return 0

@@ -14,11 +14,11 @@ REPO = Path(__file__).resolve().parent.parent
 @pytest.mark.slow  # three policies, two ResNet-50s each: a minute or two
 def test_step_bench_compares_the_harness_with_a_bare_loop_for_each_policy():
     command = [sys.executable, "-m", "bench.step", "--batch", "4", "--size", "32", "--steps", "1", "--warmup", "1"]
-    command += ["--rounds", "1", "--threads", "1"]  # one thread: a busy machine slows it less
+    command += ["--rounds", "1", "--threads", "1", "--ipu-replicas", "2"]  # one thread: a busy machine slows it less
     result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300, check=True)
     lines = result.stdout.strip().splitlines()
     figures = json.loads(lines[-1])
-    assert set(figures) == {"fp32", "bf16", "fp16", "min_ratio"}
+    assert set(figures) == {"fp32", "bf16", "fp16", "ipu_sim", "min_ratio"}
     for policy in ("fp32", "bf16", "fp16"):
         row = figures[policy]
         harness, bare = row["harness_img_s"], row["bare_img_s"]  # rounded to 0.01, the ratio to 0.001
@@ -28,6 +28,9 @@ def test_step_bench_compares_the_harness_with_a_bare_loop_for_each_policy():
         assert row["ratio_all_steps"] > 0
         assert any(line.startswith(f"{policy} ") for line in lines)
     assert figures["min_ratio"] == min(figures[policy]["ratio"] for policy in ("fp32", "bf16", "fp16"))
+    ipu = figures["ipu_sim"]
+    assert ipu["ipu_sim_img_s"] > 0 and ipu["native_img_s"] > 0 and ipu["ratio"] > 0
+    assert any(line.startswith("ipu_sim, 2 virtual replicas") for line in lines)
 
 
 def test_step_bench_refuses_an_unknown_policy():
