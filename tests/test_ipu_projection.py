@@ -47,7 +47,7 @@ def test_an_oversubscribed_plan_is_refused_with_the_table_and_recomputation_make
     assert result.returncode == 2
     assert "error: device: IPU out of memory" in result.stderr
     assert f"{without['ipu_memory_mb'][0]:.1f}" in result.stderr  # the table, with the total the plan predicted
-    assert "try recompute=auto" in result.stderr
+    assert "try device.recompute=auto" in result.stderr
 
 
 def tiny_backend(clock: DeviceClock) -> IpuSimBackend:

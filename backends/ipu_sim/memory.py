@@ -20,12 +20,12 @@ ACCUMULATOR_BYTES = 4  # gradient accumulators are fp32 whatever the weights' dt
 MB = 1e6
 CATEGORIES = ("weights", "optimizer", "gradients", "activations", "code")
 ADVICE = {
-    "activations": "recompute=auto (stash only each block's output and recompute the rest in backward)",
-    "recomputed activations": "a smaller micro-batch, or more pipeline splits (fewer layers' activations per IPU)",
-    "weights": "more pipeline splits (the weights spread over more IPUs), or 16-bit master weights",
-    "optimizer": "optimizer state in streaming memory (optimizer_state=streaming)",
-    "gradients": "more pipeline splits (the gradient accumulators spread over more IPUs)",
-    "code": "more pipeline splits (less code per IPU)",
+    "activations": "device.recompute=auto (stash only each block's output and recompute the rest in backward)",
+    "recomputed activations": "a smaller micro-batch, or more device.pipeline_splits (fewer layers per IPU)",
+    "weights": "more device.pipeline_splits (the weights spread over more IPUs), or 16-bit master weights",
+    "optimizer": "optimizer state in streaming memory (device.optimizer_state=streaming)",
+    "gradients": "more device.pipeline_splits (the gradient accumulators spread over more IPUs)",
+    "code": "more device.pipeline_splits (less code per IPU)",
 }
 
 
