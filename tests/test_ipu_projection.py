@@ -91,7 +91,7 @@ def test_device_time_and_projection_need_a_simulated_ipu(key, value, message):
 
 
 @pytest.mark.slow
-def test_the_smoke_task_in_device_time_passes_the_checker_and_says_it_is_simulated(cache_dir, tmp_path):
+def test_the_smoke_task_trains_on_4_replicas_in_device_time_and_its_log_passes_the_checker(cache_dir, tmp_path):
     overrides = ("device.replicas=4", "dist.bn_group_size=2", "mlperf.clock=device", f"hydra.run.dir={tmp_path}")
     started = time.time()
     result = run_train("experiment=smoke", "device=ipu_pod16", *overrides, cache=cache_dir)
@@ -103,3 +103,4 @@ def test_the_smoke_task_in_device_time_passes_the_checker_and_says_it_is_simulat
     assert "simulated" in events["submission_platform"]["value"]
     assert 0 < events["run_stop"]["time_ms"] - events["run_start"]["time_ms"] < 1000 * wall_s / 10
     assert system("ipu_pod16").name in events["submission_platform"]["value"]
+    assert events["model_bn_span"]["value"] == 16 // 4 * 2  # micro-batch 4, BatchNorm over 2 replicas
