@@ -74,7 +74,8 @@ register()
 
 
 @hydra.main(config_path="configs", config_name="config", version_base="1.3")
-def main(raw: DictConfig) -> None:
+def main(raw: DictConfig) -> float | None:
+    """One run; returns what a sweeper (-m) minimises: the time-to-train in minutes, None without one."""
     topology = distributed.from_environment()
     cfg: Config = OmegaConf.to_object(raw)
     validate(cfg, topology.world_size)
@@ -85,7 +86,15 @@ def main(raw: DictConfig) -> None:
             project(cfg)
         else:
             out_dir = agree_on_output_dir(Path(HydraConfig.get().runtime.output_dir))
-            train(cfg, out_dir, topology, resolved=OmegaConf.to_yaml(raw, resolve=True))
+            status, minutes = train(cfg, out_dir, topology, resolved=OmegaConf.to_yaml(raw, resolve=True))
+            return sweep_objective(status, minutes)
+    return None
+
+
+def sweep_objective(status: str, minutes: float) -> float | None:
+    """The time-to-train of a run that reached the target; None for one that missed it, which the Optuna sweeper
+    marks failed (a NaN would make optuna 2.10's `tell` raise and stop the whole sweep)."""
+    return minutes if status == constants.SUCCESS else None
 
 
 @dataclass
@@ -97,7 +106,7 @@ class Loop:
     run_start: float = 0.0
 
 
-def train(cfg: Config, out_dir: Path, topology: Topology, resolved: str) -> None:
+def train(cfg: Config, out_dir: Path, topology: Topology, resolved: str) -> tuple[str, float]:
     device = select_device(cfg.device.name, cfg.device.threads, topology.local_rank)
     resumed = distributed.from_main(lambda: restore_point(cfg, out_dir, topology.world_size))
     log = MLPerfLogger(out_dir / cfg.mlperf.log_file if topology.is_main else None)
@@ -149,13 +158,14 @@ def train(cfg: Config, out_dir: Path, topology: Topology, resolved: str) -> None
         log.close()
         raise
     log.end(constants.RUN_STOP, metadata={constants.STATUS: status})
+    minutes = (log.clock() - loop.run_start) / 60
     log.close()
     if topology.is_main:
         plot(metrics.read(), out_dir / "metrics.png", cfg.mlperf.target_accuracy)
         checkpoint.save_atomically(out_dir / FINAL_WEIGHTS, backend.state_dict()["model"])
         (out_dir / CHECKPOINT).unlink(missing_ok=True)  # the run is over: nothing is left to resume
-        minutes = (log.clock() - loop.run_start) / 60
         print_summary(status, accuracy, loop, minutes, out_dir, skipped={**train_loader.skipped, **val_loader.skipped})
+    return status, minutes
 
 
 def train_to_target(

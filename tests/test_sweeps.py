@@ -1,0 +1,92 @@
+"""Sweeps: a real Optuna search through train.py (a missed target is a failed trial, not a fast one), and the SLURM
+launcher config."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import yaml
+from hydra import compose, initialize_config_dir
+from hydra.plugins.launcher import Launcher
+from hydra.utils import instantiate
+
+from configs.schema import register
+from tests.conftest import REPO, mllog_events, run_train
+
+# A run of a few seconds: 64 training images at 32 px, one epoch, no warm-up, a fixed batch.
+TINY = (
+    "experiment=smoke",
+    "data.image_size=32",
+    "data.eval_resize=36",
+    "data.synthetic.train_per_class=16",
+    "data.synthetic.val_per_class=8",
+    "data.global_batch=16",
+    "optim.warmup_epochs=0",
+    "run.max_epochs=1",
+    "run.checkpoint=false",
+)
+
+
+def time_to_train_min(run_dir: Path) -> tuple[str, float]:
+    events = {e["key"]: e for e in mllog_events(run_dir / "mlperf.log")}
+    stop, start = events["run_stop"], events["run_start"]
+    return stop["metadata"]["status"], (stop["time_ms"] - start["time_ms"]) / 60_000
+
+
+def test_an_optuna_sweep_minimises_time_to_train_and_fails_the_trials_that_miss_the_target(cache_dir, tmp_path):
+    # Two trials, one per target: TPE's seed 3 draws 0.01 (reached in one epoch) and then 1.0 (missed).
+    sweep = run_train(
+        "-m",
+        "hparams_search=ttt_optuna",
+        *TINY,
+        "mlperf=open",
+        "mlperf.target_accuracy=choice(0.01,1.0)",
+        "hydra.sweeper.n_trials=2",
+        "hydra.sweeper.sampler.seed=3",
+        f"hydra.sweep.dir={tmp_path}",
+        cache=cache_dir,
+        check=True,
+    )
+    outcomes = [time_to_train_min(tmp_path / str(trial)) for trial in range(2)]
+    statuses = sorted(status for status, _ in outcomes)
+    assert statuses == ["aborted", "success"], f"the seed no longer draws both targets: {outcomes}"
+    output = sweep.stdout + sweep.stderr
+    assert output.count("Failed experiment: Return value must be float-castable. Got 'None'.") == 1
+    results = yaml.safe_load((tmp_path / "optimization_results.yaml").read_text())
+    best_minutes = next(minutes for status, minutes in outcomes if status == "success")
+    assert math.isclose(results["best_value"], best_minutes, abs_tol=0.01)  # the log's time_ms are whole ms
+    assert results["best_params"]["mlperf.target_accuracy"] == 0.01
+    assert 1.0 <= results["best_params"]["optim.base_lr"] <= 16.0  # drawn from ttt_optuna's search space
+
+
+@pytest.mark.slow
+def test_an_optuna_sweep_whose_trials_all_miss_the_target_ends_with_a_message(cache_dir, tmp_path):
+    sweep = run_train(
+        "-m",
+        "hparams_search=ttt_optuna",
+        *TINY,
+        "mlperf.target_accuracy=1.0",
+        "hydra.sweeper.n_trials=1",
+        f"hydra.sweep.dir={tmp_path}",
+        cache=cache_dir,
+    )
+    assert sweep.returncode != 0
+    assert "No trials are completed yet." in sweep.stderr
+    assert not (tmp_path / "optimization_results.yaml").exists()
+
+
+def test_the_slurm_launcher_config_composes_into_submitits_slurm_launcher():
+    register()
+    with initialize_config_dir(version_base="1.3", config_dir=str(REPO / "configs")):
+        overrides = ["hydra/launcher=slurm", "hydra.launcher.partition=gpu", "optim.base_lr=8"]
+        cfg = compose("config", overrides=overrides, return_hydra_config=True)
+    launcher = instantiate(cfg.hydra.launcher)  # resolves the target and every interpolation
+    assert isinstance(launcher, Launcher)
+    assert type(launcher).__name__ == "SlurmLauncher"
+    params = launcher.params
+    assert params["partition"] == "gpu"
+    assert params["tasks_per_node"] == params["gpus_per_node"]  # one rank per GPU (distributed/topology.py)
+    assert params["gpus_per_task"] is None  # each task must see its node's GPUs to pick SLURM_LOCALID's
+    assert params["submitit_folder"].endswith("/.submitit/%j")
