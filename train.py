@@ -68,6 +68,7 @@ QUIET_HYDRA = ["hydra.output_subdir=null", "hydra/job_logging=disabled", "hydra/
 CHECKPOINT = "checkpoint.pt"
 FINAL_WEIGHTS = "model.pt"
 METRICS = "metrics.csv"
+NO_TRIAL_COMPLETED = "No trials are completed yet."  # optuna's study.best_trial, when every trial failed
 IMAGENET_TRAIN_IMAGES, IMAGENET_EVAL_IMAGES = 1_281_167, 50_000
 
 register()
@@ -642,4 +643,9 @@ if __name__ == "__main__":
         sys.exit(2)
     except PeerLost as err:
         print(f"error: {err}", file=sys.stderr)
+        sys.exit(1)
+    except ValueError as err:  # optuna's answer when a sweep has no best trial; anything else is a bug
+        if str(err) != NO_TRIAL_COMPLETED:
+            raise
+        print("error: no trial of the sweep reached the target, so there is no best one", file=sys.stderr)
         sys.exit(1)

@@ -72,8 +72,12 @@ def test_an_optuna_sweep_whose_trials_all_miss_the_target_ends_with_a_message(ca
         f"hydra.sweep.dir={tmp_path}",
         cache=cache_dir,
     )
-    assert sweep.returncode != 0
-    assert "No trials are completed yet." in sweep.stderr
+    assert sweep.returncode == 1
+    assert (
+        sweep.stderr.strip().splitlines()[-1]
+        == "error: no trial of the sweep reached the target, so there is no best one"
+    )
+    assert "Traceback" not in sweep.stderr
     assert not (tmp_path / "optimization_results.yaml").exists()
 
 
