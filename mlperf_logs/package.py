@@ -90,7 +90,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--runs", nargs="+", type=Path, required=True, help="the run directories of one result")
     parser.add_argument("--org", type=plain_name, required=True, help="the submitting organisation")
     parser.add_argument("--system", type=plain_name, required=True, help="the system name (systems/NAME.json)")
-    parser.add_argument("--out", type=Path, required=True, help="the directory the ORG package is written into")
+    parser.add_argument(
+        "--out",
+        type=lambda path: Path(path).resolve(),  # absolute: the checkers run in OUT/checks
+        required=True,
+        help="the directory the ORG package is written into",
+    )
     parser.add_argument(
         "--system-field", action="append", default=[], metavar="KEY=VALUE", help="set a system description field"
     )

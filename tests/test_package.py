@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import shutil
 import subprocess
 import sys
@@ -176,9 +177,11 @@ def test_refuses_a_system_field_without_a_value(runs, tmp_path, capsys):
 
 def test_a_good_set_of_five_is_packaged_and_judged(runs, tmp_path):
     out = tmp_path / "out"
-    command = [sys.executable, "-m", "mlperf_logs.package", "--runs", *map(str, runs), "--org", ORG]
-    command += ["--system", SYSTEM, "--out", str(out), "--system-field", "cooling=air"]
-    result = subprocess.run(command, capture_output=True, text=True, cwd=REPO)
+    relative = [str(run.relative_to(tmp_path)) for run in runs]  # as `make submission` passes them
+    command = [sys.executable, "-m", "mlperf_logs.package", "--runs", *relative, "--org", ORG]
+    command += ["--system", SYSTEM, "--out", "out", "--system-field", "cooling=air"]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    result = subprocess.run(command, capture_output=True, text=True, cwd=tmp_path, env=env)
     org = out / ORG
     results = org / "results" / SYSTEM / "resnet"
     assert sorted(p.name for p in results.iterdir()) == [f"result_{i}.txt" for i in range(5)]
