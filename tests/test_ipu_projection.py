@@ -27,6 +27,7 @@ def projected(*overrides: str, cache) -> tuple[str, dict]:
     return result.stdout, json.loads(result.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow  # tests/test_ipu_cost.py and test_ipu_memory.py check the model and the plan
 def test_the_pod64_recipe_is_projected_within_10_percent_of_its_published_result(cache_dir):
     stdout, figures = projected("experiment=mlperf_pod64", cache=cache_dir)
     assert figures["throughput_img_s"] == pytest.approx(POD64.throughput_img_s, rel=0.10)
@@ -37,6 +38,7 @@ def test_the_pod64_recipe_is_projected_within_10_percent_of_its_published_result
         assert line in stdout
 
 
+@pytest.mark.slow  # tests/test_ipu_cost.py and test_ipu_memory.py check the model and the plan
 def test_an_oversubscribed_plan_is_refused_with_the_table_and_recomputation_makes_it_fit(cache_dir, tmp_path):
     _, without = projected("experiment=smoke", *OVERSUBSCRIBED, cache=cache_dir)
     _, recomputed = projected("experiment=smoke", *OVERSUBSCRIBED, "device.recompute=auto", cache=cache_dir)

@@ -75,12 +75,14 @@ def ipu_sim(bn_group: int) -> dict[str, torch.Tensor]:
     return train(backend, batches())
 
 
-def test_virtual_replicas_train_to_the_weights_of_as_many_ranks():
-    for bn_group in (1, 2, REPLICAS):  # REPLICAS: one group, whose statistics are the model's own
-        ranks = run_ranks(_native_rank, REPLICAS, bn_group)
-        simulated = ipu_sim(bn_group)
-        for key, value in ranks[0].items():
-            torch.testing.assert_close(simulated[key], value, rtol=0, atol=1e-9, msg=f"bn_group {bn_group}: {key}")
+@pytest.mark.parametrize(  # 2: groups that swap statistics; 1 and REPLICAS (the model's own statistics) are slow
+    "bn_group", [pytest.param(1, marks=pytest.mark.slow), 2, pytest.param(REPLICAS, marks=pytest.mark.slow)]
+)
+def test_virtual_replicas_train_to_the_weights_of_as_many_ranks(bn_group):
+    ranks = run_ranks(_native_rank, REPLICAS, bn_group)
+    simulated = ipu_sim(bn_group)
+    for key, value in ranks[0].items():
+        torch.testing.assert_close(simulated[key], value, rtol=0, atol=1e-9, msg=f"bn_group {bn_group}: {key}")
 
 
 FP16_16 = Policy("fp16.16", compute="fp16", master="fp16", stochastic_rounding=True, emulate=True)
@@ -154,7 +156,11 @@ def test_an_ipu_layout_that_does_not_add_up_is_refused(settings, key, message):
     ("split", "message"),
     [
         ("layer9", "'layer9' is not a module of the model"),
-        ("layer2.0.conv2", "the stage from 'layer2.0.conv2' takes 2 tensors; a cut must pass exactly one"),
+        pytest.param(  # tests/test_ipu_pipeline.py refuses it in-process
+            "layer2.0.conv2",
+            "the stage from 'layer2.0.conv2' takes 2 tensors; a cut must pass exactly one",
+            marks=pytest.mark.slow,
+        ),
     ],
 )
 def test_a_pipeline_split_that_is_not_a_module_boundary_is_refused(split, message, cache_dir, tmp_path):
