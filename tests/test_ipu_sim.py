@@ -61,18 +61,14 @@ def _native_rank(rank: int, world_size: int, bn_group: int) -> dict[str, torch.T
     return train(backend, [(x[rank::world_size], y[rank::world_size]) for x, y in batches()])
 
 
-def ipu_sim(bn_group: int) -> dict[str, torch.Tensor]:
-    model = net(nn.BatchNorm2d)
-    backend = IpuSimBackend(
-        model,
-        sgd(model),
-        torch.device("cpu"),
-        label_smoothing=0.1,
-        grad_accum=ACCUM,
-        replicas=REPLICAS,
-        bn_group=bn_group,
+def ipu_sim_backend(model: nn.Module, replicas: int, **kwargs: object) -> IpuSimBackend:
+    return IpuSimBackend(
+        model, sgd(model), torch.device("cpu"), label_smoothing=0.1, grad_accum=ACCUM, replicas=replicas, **kwargs
     )
-    return train(backend, batches())
+
+
+def ipu_sim(bn_group: int) -> dict[str, torch.Tensor]:
+    return train(ipu_sim_backend(net(nn.BatchNorm2d), REPLICAS, bn_group=bn_group), batches())
 
 
 @pytest.mark.parametrize(  # 2: groups that swap statistics; 1 and REPLICAS (the model's own statistics) are slow
@@ -92,16 +88,7 @@ def first_layer_outputs(rank: int, world_size: int) -> dict[tuple[int, int], tor
     """One step of fp16.16 with this rank's share of the replicas, every replica given the same images: the first
     layer's rounded output per (global replica, micro-batch)."""
     model = net(nn.BatchNorm2d).float()
-    backend = IpuSimBackend(
-        model,
-        sgd(model),
-        torch.device("cpu"),
-        label_smoothing=0.1,
-        grad_accum=ACCUM,
-        replicas=REPLICAS // world_size,
-        policy=FP16_16,
-        seed=7,
-    )
+    backend = ipu_sim_backend(model, REPLICAS // world_size, policy=FP16_16, seed=7)
     outputs: list[torch.Tensor] = []
     model[0].register_forward_hook(lambda module, inputs, output: outputs.append(output.detach()))
     images, labels = (t[: GLOBAL // REPLICAS].repeat_interleave(REPLICAS, dim=0) for t in batches()[0])
