@@ -12,7 +12,7 @@ JPEG_CFLAGS := -O3 -mavx2 -fPIC -shared -Wall -Wextra -Wno-unused-parameter -Wno
 
 NPROC ?= 2
 
-.PHONY: train train-dist submission test test-all lint native clean-venv
+.PHONY: train train-dist submission test test-all test-hosts lint native clean-venv
 
 train: $(STAMP) $(JPEG_EXT)
 	$(PY) train.py $(ARGS)
@@ -39,6 +39,16 @@ test: $(STAMP) $(JPEG_EXT)
 
 test-all: $(STAMP) $(JPEG_EXT)
 	$(PY) -m pytest -q $(ARGS)
+
+# The tests whose outcome rests on training dynamics (marked convergence), under three hosts' kernel choices:
+# oneDNN and ATen dispatch by instruction set, so rounding differs between an AMX Xeon, an AVX-512 EPYC and an
+# AVX2-only CPU. Each run prints its margins; a host without an instruction set runs its best one instead.
+HOST_KERNELS := avx512:AVX512_CORE_AMX avx512:AVX512_CORE avx2:AVX2
+test-hosts: $(STAMP) $(JPEG_EXT)
+	@for kernels in $(HOST_KERNELS); do \
+	  aten=$${kernels%%:*}; isa=$${kernels##*:}; echo "== ATEN_CPU_CAPABILITY=$$aten ONEDNN_MAX_CPU_ISA=$$isa"; \
+	  ATEN_CPU_CAPABILITY=$$aten ONEDNN_MAX_CPU_ISA=$$isa $(PY) -m pytest -q -m convergence $(ARGS) || exit 1; \
+	done
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .

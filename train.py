@@ -23,7 +23,8 @@ import os
 import random
 import sys
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 
@@ -49,9 +50,17 @@ from data.datasets import open_dataset
 from data.folder import DatasetError, Split
 from data.loader import Crops, Loader, build_loader
 from data.sampler import ShardedSampler
-from data.synthetic import SyntheticSpec
+from data.synthetic import CACHE_ENV, SyntheticSpec
 from distributed import LaunchError, PeerLost, Topology
 from distributed.batchnorm import DistributedBatchNorm2d
+from distributed.stop import (
+    RESUME_SCRIPT,
+    StopRequested,
+    catch_stop_signals,
+    resume_command,
+    shell_line,
+    write_resume_script,
+)
 from mlperf_logs.hyperparameters import Hyperparameters, Submission, log_hyperparameters, log_submission
 from mlperf_logs.logger import MLPerfLogger, constants, truncate_to
 from mlperf_logs.metrics import EpochMetrics, MetricsCSV, plot
@@ -59,7 +68,7 @@ from mlperf_logs.progress import Progress
 from models import batchnorm, build_resnet50
 from models.resnet import NormLayer
 from optim import Schedule, build_optimizer
-from optim.precision import NonFiniteLoss, Policy, emulates_fp16
+from optim.precision import NonFiniteLoss, Policy, emulates
 from optim.schedule import steps_from_epochs
 
 USER_ERRORS = (ConfigError, DatasetError, CheckpointError, LaunchError, HydraException, OmegaConfBaseException)
@@ -86,6 +95,7 @@ def main(raw: DictConfig) -> float | None:
         elif cfg.run.mode == "project":
             project(cfg)
         else:
+            catch_stop_signals()  # SIGTERM, SIGINT, SIGUSR1: checkpoint and end the log at the next step boundary
             out_dir = agree_on_output_dir(Path(HydraConfig.get().runtime.output_dir))
             status, minutes = train(cfg, out_dir, topology, resolved=OmegaConf.to_yaml(raw, resolve=True))
             return sweep_objective(status, minutes)
@@ -100,11 +110,14 @@ def sweep_objective(status: str, minutes: float) -> float | None:
 
 @dataclass
 class Loop:
-    """Where the run stands: the next epoch, the optimizer steps taken, when run_start was logged."""
+    """Where the run stands: the epoch under way, the optimizer steps taken, when run_start was logged, and how
+    far the epoch has come: its steps taken and their losses on this rank."""
 
     epoch: int = 1
     step: int = 0
     run_start: float = 0.0
+    batch: int = 0
+    losses: list[torch.Tensor] = field(default_factory=list)
 
 
 def train(cfg: Config, out_dir: Path, topology: Topology, resolved: str) -> tuple[str, float]:
@@ -154,9 +167,13 @@ def train(cfg: Config, out_dir: Path, topology: Topology, resolved: str) -> tupl
     quiet = not topology.is_main
     try:
         status, accuracy = train_to_target(cfg, backend, *loaders, schedule, loop, log, metrics, out_dir, quiet)
-    except BaseException:  # a bad file under data.bad_files=fail, a lost rank, a stop: the log still ends the run
+    except BaseException as err:  # a bad file under data.bad_files=fail, a lost rank, a stop: the log ends the run
         log.end(constants.RUN_STOP, metadata={constants.STATUS: constants.ABORTED})
         log.close()
+        if isinstance(err, StopRequested):
+            if topology.is_main:
+                tell_how_to_resume(err, loop, steps_per_epoch, topology, out_dir)
+            distributed.barrier()  # rank 0's checkpoint and log are whole before any rank exits
         raise
     log.end(constants.RUN_STOP, metadata={constants.STATUS: status})
     minutes = (log.clock() - loop.run_start) / 60
@@ -188,24 +205,25 @@ def train_to_target(
     """
     evals = eval_epochs(cfg.run.max_epochs, cfg.mlperf.first_eval, cfg.mlperf.eval_every)
     progress = Progress("none" if quiet else cfg.run.progress, cfg.run.max_epochs, cfg.data.global_batch)
+    stop_if_requested = partial(checkpoint_if_stopped, cfg, backend, loop, log, metrics, out_dir)
     accuracy: float | None = None
     for epoch in range(loop.epoch, cfg.run.max_epochs + 1):
         block_first = max((e + 1 for e in evals if e < epoch), default=1)
-        if epoch == block_first:
+        if epoch == block_first and loop.batch == 0:
             block_last = min(e for e in evals if e >= epoch)
             log.start(
                 constants.BLOCK_START,
                 metadata={constants.FIRST_EPOCH_NUM: epoch, constants.EPOCH_COUNT: block_last - epoch + 1},
             )
-        started = log.clock()
+        started, first_batch = log.clock(), loop.batch
         try:
-            loss, lr = train_epoch(backend, train_loader, schedule, loop, epoch, progress)
+            loss, lr = train_epoch(backend, train_loader, schedule, loop, progress, stop_if_requested)
             loss = distributed.mean_over_ranks(loss)
             backend.end_epoch()
         except NonFiniteLoss as err:
             print(f"error: {err} in epoch {epoch}; stopping (run_stop aborted)", file=sys.stderr)
             return constants.ABORTED, accuracy
-        images_per_s = len(train_loader) * cfg.data.global_batch / (log.clock() - started)
+        images_per_s = (loop.batch - first_batch) * cfg.data.global_batch / (log.clock() - started)
         if not math.isfinite(loss):
             print(
                 f"error: the training loss is {loss} in epoch {epoch}; stopping (run_stop aborted)",
@@ -226,11 +244,13 @@ def train_to_target(
             )
         )
         progress.end_epoch(epoch_line(epoch, cfg.run.max_epochs, loss, lr, images_per_s, accuracy))
-        loop.epoch = epoch + 1
+        loop.epoch, loop.batch, loop.losses = epoch + 1, 0, []
         if accuracy is not None and accuracy >= cfg.mlperf.target_accuracy:
             return constants.SUCCESS, accuracy
-        if cfg.run.checkpoint and epoch < cfg.run.max_epochs:
-            save_checkpoint(cfg, backend, loop, log, metrics, out_dir)
+        if epoch < cfg.run.max_epochs:
+            stop_if_requested()  # a signal during the evaluation stops the run here, between two epochs
+            if cfg.run.checkpoint:
+                save_checkpoint(cfg, backend, loop, log, metrics, out_dir)
     return constants.ABORTED, accuracy
 
 
@@ -239,26 +259,39 @@ def train_epoch(
     loader: Loader,
     schedule: Schedule,
     loop: Loop,
-    epoch: int,
     progress: Progress,
+    stop_if_requested: Callable[[], None],
 ) -> tuple[float, float]:
-    """One pass over the training data; returns the mean loss (one host sync per epoch) and the last lr.
+    """Epoch `loop.epoch` from where it stands (its start, or where a stopped run left it), with a chance to stop
+    after each step; returns the epoch's mean loss (one host sync per epoch) and its last lr.
 
     Updates that loss scaling skipped (non-finite loss or gradients) are left out of the mean.
     """
-    loader.set_epoch(epoch)
-    progress.start_epoch(epoch, len(loader))
-    losses, lr = [], schedule(loop.step)
-    for i, (images, labels) in enumerate(loader, 1):
+    loader.set_epoch(loop.epoch, first_batch=loop.batch)
+    progress.start_epoch(loop.epoch, len(loader))
+    for images, labels in loader:
         lr = schedule(loop.step)
         distributed.record_step(loop.step + 1)
         loss = backend.train_step(images, labels, lr)
         loop.step += 1
-        losses.append(loss)
-        progress.step(i, loss, lr)
-    losses = torch.stack(losses)
+        loop.batch += 1
+        loop.losses.append(loss)
+        progress.step(loop.batch, loss, lr)
+        stop_if_requested()
+    losses = torch.stack(loop.losses)
     finite = losses[torch.isfinite(losses)]
-    return float(finite.mean()) if len(finite) else math.inf, lr
+    return float(finite.mean()) if len(finite) else math.inf, schedule(loop.step - 1)
+
+
+def checkpoint_if_stopped(
+    cfg: Config, backend: backends.Backend, loop: Loop, log: MLPerfLogger, metrics: MetricsCSV, out_dir: Path
+) -> None:
+    """At a step boundary, on every rank: once any rank has received a stop signal, checkpoint where the run
+    stands and raise StopRequested."""
+    stop = StopRequested.agreed()
+    if stop is not None:
+        save_checkpoint(cfg, backend, loop, log, metrics, out_dir)
+        raise stop
 
 
 def evaluate(backend: backends.Backend, loader: Loader) -> float:
@@ -324,7 +357,7 @@ def precision_policy(cfg: Config, device: torch.device) -> Policy:
         loss_scaling=p.loss_scaling,
         init_scale=p.init_scale,
         growth_interval=p.growth_interval,
-        emulate=emulates_fp16(p.compute, p.emulate, device.type),
+        emulate=emulates(p.compute, p.emulate, device.type),
     )
 
 
@@ -545,6 +578,19 @@ def hyperparameters(
     )
 
 
+def tell_how_to_resume(
+    stop: StopRequested, loop: Loop, steps_per_epoch: int, topology: Topology, out_dir: Path
+) -> None:
+    """Say where the run stopped and the command that continues it, here and in the run directory's resume.sh."""
+    where = f"step {loop.step} (epoch {loop.epoch}, {loop.batch} of its {steps_per_epoch} steps done)"
+    why = f"{stop} at {where}; this continues the run from its checkpoint"
+    env = {CACHE_ENV: os.environ[CACHE_ENV]} if CACHE_ENV in os.environ else {}
+    command = resume_command(topology, HydraConfig.get().overrides.task, out_dir)
+    script = write_resume_script(out_dir, command, env, why)
+    print(f"\n{stop} at {where}: checkpoint written, log ended (run_stop aborted)", file=sys.stderr)
+    print(f"resume with:\n  {shell_line(command, env)}\n(also in {script})", file=sys.stderr, flush=True)
+
+
 def restore_point(cfg: Config, out_dir: Path, world_size: int) -> dict | None:
     """The checkpoint to continue from (run.resume=auto and one exists in the output directory), else None.
 
@@ -555,8 +601,13 @@ def restore_point(cfg: Config, out_dir: Path, world_size: int) -> dict | None:
     if cfg.run.resume == "auto" and path.exists():
         return checkpoint.load(path, training_fingerprint(cfg) | {"world_size": world_size})
     if (out_dir / cfg.mlperf.log_file).exists():
-        state = "a finished run" if (out_dir / FINAL_WEIGHTS).exists() else "a run with no checkpoint to resume"
-        raise ConfigError("run.resume", f"{out_dir} already holds {state}; give a new hydra.run.dir")
+        if path.exists():
+            state = f"a stopped run: continue it with run.resume=auto (as {out_dir / RESUME_SCRIPT} does)"
+        elif (out_dir / FINAL_WEIGHTS).exists():
+            state = "a finished run"
+        else:
+            state = "a run with no checkpoint to resume"
+        raise ConfigError("run.resume", f"{out_dir} already holds {state}, or give a new hydra.run.dir")
     return None
 
 
@@ -567,26 +618,29 @@ def resume(state: dict, backend: backends.Backend, log: MLPerfLogger, metrics: M
     except (RuntimeError, KeyError, ValueError) as err:
         raise CheckpointError(f"checkpoint does not fit this model and optimizer: {err}") from err
     checkpoint.set_rng_state(state["rng"][rank])
-    loop = Loop(**state["loop"])
+    losses = state.get("losses", [torch.empty(0)] * len(state["rng"]))[rank]  # absent at an epoch's end
+    loop = Loop(**state["loop"], losses=list(losses.to(backend.device).unbind()))
     if log.path is not None and metrics.path is not None:
         truncate_to(log.path, state["log_sizes"]["mlperf"])
         truncate_to(metrics.path, state["log_sizes"]["metrics"])
-        print(f"resuming at epoch {loop.epoch} (step {loop.step})", flush=True)
+        print(f"resuming at epoch {loop.epoch} (step {loop.step}, {loop.batch} steps into the epoch)", flush=True)
     return loop
 
 
 def save_checkpoint(
     cfg: Config, backend: backends.Backend, loop: Loop, log: MLPerfLogger, metrics: MetricsCSV, out_dir: Path
 ) -> None:
-    """Rank 0 writes the checkpoint, with every rank's generator states."""
+    """Rank 0 writes the checkpoint, with every rank's generator states and its losses of the epoch so far."""
     rng = distributed.gather_to_main(checkpoint.rng_state())
+    losses = distributed.gather_to_main(torch.stack(loop.losses).cpu() if loop.losses else torch.empty(0))
     if log.path is None or metrics.path is None:
         return
     checkpoint.save(
         out_dir / CHECKPOINT,
         {
             "backend": backend.state_dict(),
-            "loop": vars(loop),
+            "loop": {"epoch": loop.epoch, "step": loop.step, "run_start": loop.run_start, "batch": loop.batch},
+            "losses": losses,
             "rng": rng,
             "log_sizes": {"mlperf": log.path.stat().st_size, "metrics": metrics.path.stat().st_size},
             "fingerprint": training_fingerprint(cfg) | {"world_size": len(rng)},
@@ -644,6 +698,8 @@ if __name__ == "__main__":
     except PeerLost as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(1)
+    except StopRequested as stop:  # the run was checkpointed and its log ended; resume.sh says how to go on
+        sys.exit(stop.exit_status)
     except ValueError as err:  # optuna's answer when a sweep has no best trial; anything else is a bug
         if str(err) != NO_TRIAL_COMPLETED:
             raise

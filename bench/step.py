@@ -11,12 +11,18 @@ torch.optim.SGD (momentum 0.9), and trained on the same random batch:
   bare     the same step written plainly here, with no harness code: zero_grad(set_to_none=True), forward,
            label-smoothed cross-entropy in fp32, backward, SGD step, with the policy's numerics done by hand:
     fp32   nothing more
-    bf16   forward under torch.autocast("cpu", bfloat16), BatchNorm inputs cast to fp32 by a pre-hook
-    fp16   emulated: fp32 arithmetic, the outputs of Conv2d/Linear/BatchNorm2d/ReLU/MaxPool2d/AdaptiveAvgPool2d
-           rounded to fp16 by forward hooks, the conv/linear weights rounded to fp16 through
+    bf16   on a CPU with native bf16 (oneDNN's AVX-512 or AMX kernels): forward under
+           torch.autocast("cpu", bfloat16), BatchNorm inputs cast to fp32 by a pre-hook; on one without (AVX2),
+           where the harness emulates bf16, emulated as fp16 is below, in bf16 and without loss scaling
+    fp16   emulated: fp32 arithmetic, the image entering conv1 and the outputs of Conv2d/Linear/BatchNorm2d/ReLU/
+           MaxPool2d/AdaptiveAvgPool2d rounded to fp16 by hooks, the conv/linear weights rounded to fp16 through
            torch.func.functional_call, the loss scaled, the gradients unscaled and checked in one
            torch._amp_foreach_non_finite_check_and_unscale_ and one host sync, the update skipped (and the
            scale halved) when one is not finite
+
+The JSON also carries bf16_over_fp32, the harness's bf16 rate over its fp32 rate: what bf16 buys on this CPU,
+emulated or not. On a CPU with native bf16 a last row (bf16_native) times the harness's native bf16 against its
+emulated bf16 (precision.emulate=always): native, the default there, must not be the slower.
 
 The ipu_sim row (--ipu-replicas R, 0 leaves it out) compares the simulated IPU's step with the native one at the
 same numerics, in fp32: backends.ipu_sim.IpuSimBackend with R virtual replicas (BatchNorm per replica, each with
@@ -55,7 +61,7 @@ from torch.func import functional_call
 from backends.ipu_sim.backend import IpuSimBackend
 from backends.native import NativeBackend
 from models import batchnorm, build_resnet50
-from optim.precision import Policy
+from optim.precision import Policy, emulates
 
 CLASSES = 1000
 LR = 0.01
@@ -64,11 +70,13 @@ LABEL_SMOOTHING = 0.1
 SEED = 0
 INIT_SCALE = 2.0**15
 
+NATIVE_BF16 = not emulates("bf16", "auto", "cpu")
 POLICIES = {
     "fp32": Policy("fp32"),
-    "bf16": Policy("bf16", compute="bf16"),
+    "bf16": Policy("bf16", compute="bf16", emulate=not NATIVE_BF16),
     "fp16": Policy("fp16.32", compute="fp16", loss_scaling="dynamic", init_scale=INIT_SCALE, emulate=True),
 }
+EMULATED_BF16 = Policy("bf16", compute="bf16", emulate=True)
 ROUNDED_LAYERS = (nn.Conv2d, nn.Linear, nn.BatchNorm2d, nn.ReLU, nn.MaxPool2d, nn.AdaptiveAvgPool2d)
 
 
@@ -115,12 +123,12 @@ def backend_loop(backend: NativeBackend) -> Loop:
     return Loop(lambda images, labels: backend.train_step(images, labels, LR), lambda: backend.skipped_steps)
 
 
-def bare(policy: str) -> Loop:
-    """The plain loop for `policy` (a key of POLICIES)."""
+def bare(policy: str, emulated_bf16: bool = not NATIVE_BF16) -> Loop:
+    """The plain loop for `policy` (a key of POLICIES); bf16 emulated or native as the harness does it here."""
     model = build_model()
     model.train()
     optimizer = sgd(model)
-    if policy in ("fp32", "bf16"):
+    if policy == "fp32" or (policy == "bf16" and not emulated_bf16):
         bf16 = policy == "bf16"
         if bf16:
             for module in model.modules():
@@ -138,10 +146,11 @@ def bare(policy: str) -> Loop:
 
         return Loop(step, lambda: 0)
 
-    assert policy == "fp16", policy
+    dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[policy]
     for module in model.modules():
         if isinstance(module, ROUNDED_LAYERS):
-            module.register_forward_hook(lambda module, inputs, output: output.half().float())
+            module.register_forward_hook(lambda module, inputs, output: output.to(dtype).float())
+    model.conv1.register_forward_pre_hook(lambda module, inputs: (inputs[0].to(dtype).float(),))
     weights = {
         f"{prefix}.{name}": param
         for prefix, module in model.named_modules()
@@ -149,11 +158,11 @@ def bare(policy: str) -> Loop:
         for name, param in module.named_parameters(recurse=False)
     }
     params = list(model.parameters())
-    state = {"scale": INIT_SCALE, "skipped": 0}
+    state = {"scale": INIT_SCALE if policy == "fp16" else 1.0, "skipped": 0}
 
     def step(images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         optimizer.zero_grad(set_to_none=True)
-        rounded = {name: weight.half().float() for name, weight in weights.items()}
+        rounded = {name: weight.to(dtype).float() for name, weight in weights.items()}
         logits = functional_call(model, rounded, (images,), strict=False)
         loss = F.cross_entropy(logits.float(), labels, label_smoothing=LABEL_SMOOTHING)
         (loss * state["scale"]).backward()
@@ -244,6 +253,9 @@ def main(argv: list[str] | None = None) -> int:
         replicas = args.ipu_replicas
         loops = {"ipu_sim": ipu_sim(replicas), "native": harness(POLICIES["fp32"], grad_accum=replicas)}
         figures["ipu_sim"] = compare("ipu_sim", loops, images, labels, args)
+    if NATIVE_BF16 and "bf16" in policies:
+        loops = {"native": harness(POLICIES["bf16"]), "emulated": harness(EMULATED_BF16)}
+        figures["bf16_native"] = compare("bf16_native", loops, images, labels, args)
 
     print(
         f"\nResNet-50, batch {args.batch} at {args.size}x{args.size}, SGD momentum {MOMENTUM}, "
@@ -259,12 +271,23 @@ def main(argv: list[str] | None = None) -> int:
             f"{f['ratio_all_steps']:9.3f}x {skipped:>12}"
         )
     figures["min_ratio"] = min(figures[policy]["ratio"] for policy in policies)
+    if {"fp32", "bf16"} <= set(policies):
+        bf16_over_fp32 = figures["bf16"]["harness_img_s"] / figures["fp32"]["harness_img_s"]
+        figures |= {"bf16_emulated": not NATIVE_BF16, "bf16_over_fp32": round(bf16_over_fp32, 3)}
+        how = "native" if NATIVE_BF16 else "emulated: this CPU has no native bf16"
+        print(f"\nbf16 ({how}) over fp32, harness: {bf16_over_fp32:.3f}x")
     if args.ipu_replicas:
         f = figures["ipu_sim"]
         print(
             f"\nipu_sim, {args.ipu_replicas} virtual replicas, fp32: {f['ipu_sim_img_s']:.2f} img/s against native "
             f"accumulating {args.ipu_replicas} micro-batches {f['native_img_s']:.2f} img/s: {f['ratio']:.3f}x "
             f"({f['ratio_all_steps']:.3f}x over all steps)"
+        )
+    if "bf16_native" in figures:
+        f = figures["bf16_native"]
+        print(
+            f"bf16 native {f['native_img_s']:.2f} img/s against emulated {f['emulated_img_s']:.2f} img/s: "
+            f"{f['ratio']:.3f}x"
         )
     print()
     print(json.dumps(figures))

@@ -15,6 +15,7 @@ from hydra.core.config_store import ConfigStore
 
 from backends.ipu_sim.hardware import System
 from data.synthetic import MAX_CLASSES
+from optim.precision import EMULATE
 
 
 class ConfigError(ValueError):
@@ -83,7 +84,9 @@ class PrecisionConfig:
     loss_scaling: str = "none"  # none | static | dynamic
     init_scale: float = 32768.0
     growth_interval: int = 2000  # dynamic: good updates before the scale doubles
-    emulate: str = "auto"  # fp16 in fp32 arithmetic rounded per layer: auto (on the CPU) | on | off
+    # 16-bit compute in fp32 arithmetic rounded per layer: auto (fp16 on the CPU, bf16 on a CPU without native
+    # bf16) | always | never
+    emulate: str = "auto"
 
 
 @dataclass
@@ -393,11 +396,11 @@ def _validate_precision(precision: PrecisionConfig) -> None:
     _one_of(precision.loss_scaling, "precision.loss_scaling", ("none", "static", "dynamic"))
     _positive(precision.init_scale, "precision.init_scale")
     _positive(precision.growth_interval, "precision.growth_interval")
-    _one_of(precision.emulate, "precision.emulate", ("auto", "on", "off"))
+    _one_of(precision.emulate, "precision.emulate", EMULATE)
     _require(
-        precision.emulate != "on" or precision.compute == "fp16",
+        precision.emulate != "always" or precision.compute != "fp32",
         "precision.emulate",
-        f"only fp16 is emulated, and precision.compute is {precision.compute}",
+        "fp16 and bf16 are emulated, and precision.compute is fp32",
     )
 
 

@@ -9,6 +9,7 @@ An unreadable file is replaced by another sample and reported once, or ends the 
 from __future__ import annotations
 
 import logging
+import signal
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -113,6 +114,7 @@ class Loader:
     def __init__(self, dataset: BatchDataset, sampler: ShardedSampler, *, batch: int, workers: int, pin: bool):
         self.dataset = dataset
         self.sampler = sampler
+        self.batch = batch
         self.skipped: dict[str, str] = {}
         self._loader = DataLoader(
             dataset,
@@ -123,10 +125,12 @@ class Loader:
             persistent_workers=workers > 0,
             prefetch_factor=2 if workers > 0 else None,
             timeout=WORKER_TIMEOUT_S if workers > 0 else 0,
+            worker_init_fn=_leave_stop_signals_to_the_parent if workers > 0 else None,
         )
 
-    def set_epoch(self, epoch: int) -> None:
-        self.sampler.set_epoch(epoch)
+    def set_epoch(self, epoch: int, first_batch: int = 0) -> None:
+        """Iterate `epoch` from its `first_batch` on (a run resumed in the middle of the epoch)."""
+        self.sampler.set_epoch(epoch, start=first_batch * self.batch)
 
     def __len__(self) -> int:
         return len(self._loader)
@@ -140,6 +144,14 @@ class Loader:
             if decoded.error is not None:
                 raise DatasetError(decoded.error)
             yield decoded.images, decoded.labels
+
+
+def _leave_stop_signals_to_the_parent(worker_id: int) -> None:
+    """Workers ignore SIGTERM, SIGINT and SIGUSR1, which SLURM, a terminal or `kill` may send to every process of
+    the run: the training process decides when to stop, and shuts its workers down (torch's own SIGTERM handler
+    would kill a worker mid-epoch, and the training process with it)."""
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
+        signal.signal(signum, signal.SIG_IGN)
 
 
 def build_loader(

@@ -49,6 +49,7 @@ MAX_CLASSES = len(SHAPES) * len(HUES) * len(TEXTURES)
 ASPECT_RATIOS = (4 / 3, 3 / 4, 3 / 2, 1.0, 16 / 9, 2 / 3)  # width / height, with ImageNet-like frequencies
 ASPECT_WEIGHTS = (0.45, 0.2, 0.15, 0.1, 0.05, 0.05)
 MARKER = "spec.json"
+CACHE_ENV = "RN50PERF_CACHE"  # where generated sets live (default ~/.cache/rn50perf)
 SYNSET_MAPPING = "LOC_synset_mapping.txt"
 
 
@@ -79,7 +80,7 @@ def class_descriptions(spec: SyntheticSpec) -> list[str]:
 
 def default_root(spec: SyntheticSpec) -> Path:
     """``$RN50PERF_CACHE`` (or ``~/.cache/rn50perf``) / ``synthetic-<hash of the spec>``."""
-    cache = Path(os.environ.get("RN50PERF_CACHE") or Path.home() / ".cache" / "rn50perf")
+    cache = Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "rn50perf")
     return cache / f"synthetic-{hashlib.sha256(_spec_json(spec).encode()).hexdigest()[:12]}"
 
 

@@ -3,12 +3,12 @@ DistributedBatchNorm2d (distributed.batchnorm) and the bulk gradient all-reduce 
 
 from distributed.group import (
     PeerLost,
-    Stopped,
     average_over_ranks,
     barrier,
     broadcast_from_main,
     from_main,
     gather_to_main,
+    max_over_ranks,
     mean_over_ranks,
     process_group,
     record_step,
@@ -19,7 +19,6 @@ from distributed.topology import LaunchError, Topology, from_environment
 __all__ = [
     "LaunchError",
     "PeerLost",
-    "Stopped",
     "Topology",
     "average_over_ranks",
     "barrier",
@@ -27,6 +26,7 @@ __all__ = [
     "from_environment",
     "from_main",
     "gather_to_main",
+    "max_over_ranks",
     "mean_over_ranks",
     "process_group",
     "record_step",

@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import io
-import os
-import signal
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -33,10 +31,6 @@ BEAT_S = 0.5
 
 class PeerLost(RuntimeError):
     """Another rank died, hung or was stopped; the run cannot go on."""
-
-
-class Stopped(Exception):
-    """This process was asked to stop (SIGTERM, e.g. torchrun stopping the survivors of a failed rank)."""
 
 
 class _Heartbeat:
@@ -96,8 +90,7 @@ class _Heartbeat:
 
 
 _heartbeat: _Heartbeat | None = None
-_stopping = False
-_owner = 0  # the process that installed the SIGTERM handler
+_control: dist.ProcessGroup | None = None  # gloo, for the loop's small host-side agreements when nccl carries data
 
 
 @contextmanager
@@ -111,7 +104,7 @@ def process_group(topology: Topology, device_type: str, timeout_s: float) -> Ite
     if not topology.distributed:
         yield
         return
-    global _heartbeat, _stopping, _owner
+    global _heartbeat, _control
     if device_type == "cuda":
         torch.cuda.set_device(topology.local_rank)
     store = dist.TCPStore(
@@ -129,38 +122,25 @@ def process_group(topology: Topology, device_type: str, timeout_s: float) -> Ite
         timeout=timedelta(seconds=timeout_s),
     )
     _heartbeat = _Heartbeat(store, topology)
-    _owner = os.getpid()
-    previous = signal.signal(signal.SIGTERM, _raise_stopped)
+    _control = dist.new_group(backend="gloo") if device_type == "cuda" else None
     reason = "finished"
     try:
         yield
     except BaseException as err:
-        _stopping = True
         reason = f"{type(err).__name__}: {err}".strip().splitlines()[0][:200]
-        if not isinstance(err, (RuntimeError, Stopped)) or isinstance(err, PeerLost):
-            raise  # this rank's own error (a bad config, a bad file): the others will read its reason
+        if not isinstance(err, RuntimeError) or isinstance(err, PeerLost):
+            raise  # this rank's own error (a bad config, a bad file) or a clean stop: the others read its reason
         cause = _heartbeat.diagnose()
         if cause is not None:
             raise PeerLost(f"{cause}; rank {topology.rank} stops too") from err
-        if isinstance(err, (Stopped, dist.DistBackendError)):
+        if isinstance(err, dist.DistBackendError):
             raise PeerLost(f"{err}; no other rank was seen failing; rank {topology.rank} stops") from err
         raise
     finally:
-        signal.signal(signal.SIGTERM, previous)
         _heartbeat.close(reason)
         _heartbeat = None
+        _control = None
         dist.destroy_process_group()
-
-
-def _raise_stopped(signum: int, frame: Any) -> None:
-    global _stopping
-    if os.getpid() != _owner:  # a forked child (a loader or generator worker) stops as it would have
-        signal.signal(signum, signal.SIG_DFL)
-        os.kill(os.getpid(), signum)
-        return
-    if not _stopping:  # only once: the stop is being handled after the first
-        _stopping = True
-        raise Stopped(f"stopped by {signal.Signals(signum).name}")
 
 
 def record_step(step: int) -> None:
@@ -239,6 +219,15 @@ def mean_over_ranks(value: float) -> float:
         return value
     device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else None
     return float(sum_over_ranks(torch.tensor([value], dtype=torch.float64, device=device))) / dist.get_world_size()
+
+
+def max_over_ranks(value: int) -> int:
+    """The largest of the ranks' `value`s, on every rank, through gloo (no device sync, even under nccl)."""
+    if not dist.is_initialized():
+        return value
+    tensor = torch.tensor([value], dtype=torch.int64)
+    dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=_control)
+    return int(tensor)
 
 
 def barrier() -> None:

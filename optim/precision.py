@@ -3,12 +3,14 @@
 A policy is applied to a model by `MixedPrecision`:
 
 - Compute in bf16 or fp16 runs under torch.autocast: activations and the per-op compute copies of the weights
-  are 16-bit, the weights the optimizer owns stay fp32 tensors. On the CPU, where fp16 arithmetic is several
-  times slower than fp32, fp16 is emulated instead: everything computes in fp32, and every layer's output and
-  the compute copy of the convolution and linear weights are rounded to fp16, which are the numbers an fp16
-  device stores (the casts also round the gradients flowing back through them to fp16). Inside
-  `stochastic_streams(generators)` the outputs are rounded stochastically instead, each of the batch's equal
-  shares with its own stream: the IPU's fp16 arithmetic with a different seed on every replica.
+  are 16-bit, the weights the optimizer owns stay fp32 tensors. Where the 16-bit arithmetic is slow it is
+  emulated instead: on every CPU for fp16 (several times slower than fp32), and for bf16 on a CPU without bf16
+  instructions (oneDNN then runs bf16 convolutions through reference code, 14x to 17x slower than fp32).
+  Emulated, everything computes in fp32, and every layer's output and the compute copy of the convolution and
+  linear weights are rounded to the 16-bit type, which are the numbers a 16-bit device stores (the casts also
+  round the gradients flowing back through them). Inside `stochastic_streams(generators)` the outputs are
+  rounded stochastically instead, each of the batch's equal shares with its own stream: the IPU's 16-bit
+  arithmetic with a different seed on every replica.
 - A 16-bit master (the ".16" policies) is kept as fp32 tensors that hold 16-bit values: after each update the
   optimizer's fp32 result is rounded back, stochastically (unbiased, seeded per rank) or to nearest. Only
   convolution and linear weights have 16-bit masters.
@@ -54,10 +56,10 @@ class Policy:
     init_scale: float = 2.0**15
     growth_interval: int = 2000
     max_skipped: int = 32  # updates skipped in a row before the run is stopped
-    emulate: bool = False  # fp16 computed in fp32, rounded per layer (the CPU path)
+    emulate: bool = False  # 16-bit compute done in fp32, rounded per layer (the CPU path)
 
     def describe(self) -> str:
-        how = "emulated: fp32 arithmetic rounded to fp16 per layer" if self.emulate else "native"
+        how = f"emulated: fp32 arithmetic rounded to {self.compute} per layer" if self.emulate else "native"
         rounding = "stochastic" if self.stochastic_rounding else "to nearest"
         master = self.master if self.master == "fp32" else f"{self.master}, rounded {rounding}"
         return f"{self.name}: compute {self.compute} ({how}), master weights {master}, loss scaling {self.loss_scaling}"
@@ -116,7 +118,7 @@ class MixedPrecision:
         self.master = DTYPES[policy.master]
         self.scaler = LossScaler(policy.loss_scaling, policy.init_scale, policy.growth_interval, policy.max_skipped)
         self.generator = torch.Generator(device).manual_seed(seed)  # the stochastic-rounding stream of this rank
-        self.streams: Sequence[torch.Generator] = ()  # emulated fp16 outputs round with these, one per batch share
+        self.streams: Sequence[torch.Generator] = ()  # emulated outputs round with these, one per batch share
         self.low_precision = {
             f"{prefix}.{name}" if prefix else name: param
             for prefix, module in model.named_modules()
@@ -127,29 +129,37 @@ class MixedPrecision:
             if isinstance(module, nn.modules.batchnorm._BatchNorm):
                 module.register_forward_pre_hook(_inputs_in_fp32)
             if policy.emulate and isinstance(module, ROUNDED_LAYERS):
-                module.register_forward_hook(self._output_in_fp16)
+                module.register_forward_hook(self._output_rounded)
+        if policy.emulate:
+            first = next(m for m in model.modules() if isinstance(m, LOW_PRECISION_LAYERS))
+            first.register_forward_pre_hook(self._input_rounded)  # the image, as the device stores it
         if self.master != torch.float32:
             self._round_masters(stochastic=False)  # start from the 16-bit values nearest the initialisation
 
     def forward(self, model: nn.Module, images: torch.Tensor) -> torch.Tensor:
         """The logits, under the policy's compute dtype."""
         if self.policy.emulate:
-            rounded = {name: p.to(torch.float16).to(torch.float32) for name, p in self.low_precision.items()}
+            rounded = {name: p.to(self.compute).to(torch.float32) for name, p in self.low_precision.items()}
             return functional_call(model, rounded, (images,), strict=False)
         with self.autocast():
             return model(images)
 
     def stochastic_streams(self, generators: Sequence[torch.Generator]) -> StochasticStreams:
-        """While entered, emulated fp16 layer outputs are rounded stochastically, the batch cut into
+        """While entered, emulated 16-bit layer outputs are rounded stochastically, the batch cut into
         len(generators) equal shares, each rounded with its own generator."""
         return StochasticStreams(self, generators)
 
-    def _output_in_fp16(self, module: nn.Module, inputs: Any, output: torch.Tensor) -> torch.Tensor:
-        """The output as an fp16 device stores it: rounded to nearest, or stochastically inside
-        `stochastic_streams`; either way its gradient is rounded to fp16 on the way back, as the cast rounds it."""
+    def _output_rounded(self, module: nn.Module, inputs: Any, output: torch.Tensor) -> torch.Tensor:
+        """The output as a 16-bit device stores it: rounded to nearest, or stochastically inside
+        `stochastic_streams`; either way its gradient is rounded on the way back, as the cast rounds it."""
         if not self.streams:
-            return output.to(torch.float16).to(torch.float32)
-        return _RoundedStochastically.apply(output, self.streams)
+            return output.to(self.compute).to(torch.float32)
+        return _RoundedStochastically.apply(output, self.compute, self.streams)
+
+    def _input_rounded(self, module: nn.Module, inputs: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+        """The first layer's input (the normalised image, which no rounded layer has output) in the 16-bit type,
+        as autocast casts it; every later layer's input is already some layer's rounded output."""
+        return (inputs[0].to(self.compute).to(torch.float32), *inputs[1:])
 
     def autocast(self) -> contextlib.AbstractContextManager:
         if self.compute == torch.float32 or self.policy.emulate:
@@ -207,25 +217,40 @@ class StochasticStreams:
 
 
 class _RoundedStochastically(torch.autograd.Function):
-    """fp32 values rounded stochastically to fp16, each equal share of the batch with its own generator; the
-    gradient is rounded to fp16 on the way back, as a cast rounds it."""
+    """fp32 values rounded stochastically to fp16 or bf16, each equal share of the batch with its own generator;
+    the gradient is rounded to the same type on the way back, as a cast rounds it."""
 
     @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, streams: Sequence[torch.Generator]) -> torch.Tensor:
+    def forward(ctx: Any, x: torch.Tensor, dtype: torch.dtype, streams: Sequence[torch.Generator]) -> torch.Tensor:
+        ctx.dtype = dtype
         rounded = torch.empty_like(x)
         for share, into, generator in zip(x.chunk(len(streams)), rounded.chunk(len(streams)), streams, strict=True):
-            into.copy_(round_stochastic(share, torch.float16, generator))
+            into.copy_(round_stochastic(share, dtype, generator))
         return rounded
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
-        return grad.to(torch.float16).to(grad.dtype), None
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+        return grad.to(ctx.dtype).to(grad.dtype), None, None
 
 
 def _inputs_in_fp32(module: nn.Module, inputs: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
     return (inputs[0].to(torch.promote_types(inputs[0].dtype, torch.float32)),)  # float64 stays float64
 
 
-def emulates_fp16(compute: str, emulate: str, device_type: str) -> bool:
-    """Whether fp16 is emulated: `emulate` is on, off, or auto (on the CPU, where fp16 arithmetic is slow)."""
-    return compute == "fp16" and (emulate == "on" or (emulate == "auto" and device_type == "cpu"))
+EMULATE = ("auto", "always", "never")
+
+
+def cpu_has_native_bf16() -> bool:
+    """Whether oneDNN runs bf16 convolutions on this CPU with its own kernels (AVX-512 or AMX), as torch reports
+    it; with AVX2 alone they fall back to reference code. ONEDNN_MAX_CPU_ISA=AVX2 makes any host answer no."""
+    return torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+
+
+def emulates(compute: str, emulate: str, device_type: str) -> bool:
+    """Whether 16-bit compute is emulated in fp32: `emulate` is always, never, or auto: fp16 on the CPU (its fp16
+    arithmetic is slow everywhere) and bf16 on a CPU without native bf16."""
+    if compute == "fp32" or emulate == "never":
+        return False
+    if emulate == "always":
+        return True
+    return device_type == "cpu" and (compute == "fp16" or not cpu_has_native_bf16())

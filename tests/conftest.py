@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -36,6 +37,34 @@ def run_train(
     if check and result.returncode != 0:
         raise AssertionError(f"train.py failed ({result.returncode}):\n{result.stdout}\n{result.stderr}")
     return result
+
+
+MARGINS: list[str] = []  # one line per convergence test, printed at the end of the session
+
+
+def record_margin(test: str, log: Path, max_epochs: int, target: float = 0.759) -> None:
+    """Note how far a run cleared the target: the epoch its evaluation first reached it, of how many, and by
+    how much (`make test-hosts` prints these under each host's kernels)."""
+    evals = [(e["metadata"]["epoch_num"], e["value"]) for e in mllog_events(log) if e["key"] == "eval_accuracy"]
+    reached = next(((epoch, top1) for epoch, top1 in evals if top1 >= target), None)
+    if reached is None:
+        best = max((top1 for _, top1 in evals), default=0.0)
+        MARGINS.append(f"{test}: target {target} MISSED in {max_epochs} epochs, best top-1 {best:.4f}")
+        return
+    epoch, top1 = reached
+    MARGINS.append(
+        f"{test}: target {target} reached at epoch {epoch} of {max_epochs} ({max_epochs - epoch} to spare), "
+        f"top-1 {top1:.4f} (+{top1 - target:.3f})"
+    )
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if MARGINS:
+        isa = os.environ.get("ONEDNN_MAX_CPU_ISA", "all")
+        kernels = f"ATen {torch.backends.cpu.get_cpu_capability()} kernels, ONEDNN_MAX_CPU_ISA={isa}"
+        terminalreporter.write_sep("-", f"convergence margins ({kernels})")
+        for line in MARGINS:
+            terminalreporter.write_line(line)
 
 
 def mllog_events(log: Path) -> list[dict]:

@@ -8,6 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from bench import step
+
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -18,7 +20,12 @@ def test_step_bench_compares_the_harness_with_a_bare_loop_for_each_policy():
     result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300, check=True)
     lines = result.stdout.strip().splitlines()
     figures = json.loads(lines[-1])
-    assert set(figures) == {"fp32", "bf16", "fp16", "ipu_sim", "min_ratio"}
+    native = {"bf16_native"} if step.NATIVE_BF16 else set()
+    assert set(figures) == {"fp32", "bf16", "fp16", "ipu_sim", "min_ratio", "bf16_emulated", "bf16_over_fp32"} | native
+    assert figures["bf16_emulated"] is not step.NATIVE_BF16
+    assert figures["bf16_over_fp32"] == pytest.approx(
+        figures["bf16"]["harness_img_s"] / figures["fp32"]["harness_img_s"], abs=2e-3
+    )
     for policy in ("fp32", "bf16", "fp16"):
         row = figures[policy]
         harness, bare = row["harness_img_s"], row["bare_img_s"]  # rounded to 0.01, the ratio to 0.001
@@ -40,12 +47,11 @@ def test_step_bench_refuses_an_unknown_policy():
 
 
 def test_the_bare_loops_do_the_harness_arithmetic_bit_for_bit():
-    from bench import step
-
     generator = torch.Generator().manual_seed(1)
     images = torch.randint(0, 256, (2, 32, 32, 3), dtype=torch.uint8, generator=generator)
     labels = torch.randint(0, step.CLASSES, (2,), generator=generator)
-    for policy in step.POLICIES:
-        harness, bare = step.harness(step.POLICIES[policy]), step.bare(policy)
+    pairs = {name: (step.harness(step.POLICIES[name]), step.bare(name)) for name in step.POLICIES}
+    pairs["bf16 emulated"] = step.harness(step.EMULATED_BF16), step.bare("bf16", emulated_bf16=True)
+    for policy, (harness, bare) in pairs.items():
         losses = [(harness.step(images, labels).item(), bare.step(images, labels).item()) for _ in range(2)]
         assert all(ours == theirs for ours, theirs in losses), (policy, losses)

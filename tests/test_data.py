@@ -1,5 +1,8 @@
 import io
 import os
+import signal
+import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -58,6 +61,19 @@ def test_sampler_shards_are_disjoint_full_batches_and_change_per_epoch():
     assert [i for i, _ in again] == indices[0]
     again.set_epoch(1)
     assert [i for i, _ in again] != indices[0]
+
+
+def test_an_epoch_started_at_a_position_reads_the_rest_of_the_same_samples():
+    def sampler() -> ShardedSampler:
+        return ShardedSampler(103, seed=5, shuffle=True, global_batch=8, rank=1, world_size=2)
+
+    whole, rest = sampler(), sampler()
+    whole.set_epoch(3)
+    rest.set_epoch(3, start=20)
+    assert list(rest) == list(whole)[20:] and len(rest) == len(whole) - 20 == 28  # the same indices and seeds
+    rest.set_epoch(4)
+    whole.set_epoch(4)
+    assert list(rest) == list(whole)
 
 
 def test_eval_sampler_reads_every_sample_once_in_order():
@@ -140,6 +156,23 @@ def test_unreadable_file_is_fatal_by_policy_naming_the_file(tiny_tree):
     for workers in (0, 1):
         with pytest.raises(DatasetError, match=r"n01_0\.JPEG"):
             list(loader_for(tiny_tree, split="val", workers=workers, bad_files="fail"))
+
+
+def test_loader_workers_leave_stop_signals_to_the_training_process(tiny_tree):
+    """SLURM and a terminal signal every process of the run: a worker that died of it would end the run before
+    the training process could checkpoint."""
+    loader = loader_for(tiny_tree, batch=2, workers=2)
+    reference = [images for images, _ in loader]
+    batches = iter(loader)
+    first, _ = next(batches)
+    workers = Path(f"/proc/{os.getpid()}/task/{os.getpid()}/children").read_text().split()
+    assert len(workers) == 2
+    for pid in workers:
+        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
+            os.kill(int(pid), signum)
+    time.sleep(0.5)
+    rest = [images for images, _ in batches]
+    assert all(torch.equal(a, b) for a, b in zip(reference, [first, *rest], strict=True))
 
 
 def test_a_dead_worker_is_an_error_not_a_hang(tiny_tree, monkeypatch):

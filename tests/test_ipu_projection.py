@@ -14,7 +14,7 @@ from backends.ipu_sim.calibrate import POD64
 from backends.ipu_sim.clock import DeviceClock
 from configs.schema import Config, ConfigError, validate
 from mlperf_logs.logger import MLPerfLogger
-from tests.conftest import compliance_check, mllog_events, run_train
+from tests.conftest import compliance_check, mllog_events, record_margin, run_train
 from tests.systems import system
 
 # ResNet-50 at 224 px, fp32, 8 images per micro-batch on one IPU: 1.2 GB without recomputation, 0.7 GB with it.
@@ -93,12 +93,14 @@ def test_device_time_and_projection_need_a_simulated_ipu(key, value, message):
 
 
 @pytest.mark.slow
+@pytest.mark.convergence
 def test_the_smoke_task_trains_on_4_replicas_in_device_time_and_its_log_passes_the_checker(cache_dir, tmp_path):
     overrides = ("device.replicas=4", "dist.bn_group_size=2", "mlperf.clock=device", f"hydra.run.dir={tmp_path}")
     started = time.time()
     result = run_train("experiment=smoke", "device=ipu_pod16", *overrides, cache=cache_dir)
     wall_s = time.time() - started
     assert result.returncode == 0, result.stdout + result.stderr
+    record_margin("smoke lars, 4 simulated IPU replicas", tmp_path / "mlperf.log", max_epochs=10)
     assert "run_stop status success" in result.stdout
     assert compliance_check(tmp_path / "mlperf.log").returncode == 0
     events = {e["key"]: e for e in mllog_events(tmp_path / "mlperf.log")}

@@ -3,17 +3,23 @@
 from __future__ import annotations
 
 import io
+import os
+import subprocess
+import sys
+from functools import partial
 
 import pytest
 import torch
 from torch import nn
 
 from backends.native import NativeBackend
-from optim.precision import NonFiniteLoss, Policy
+from optim.precision import NonFiniteLoss, Policy, emulates
+from tests.conftest import REPO
 
 POLICIES = {
     "fp32": Policy("fp32"),
     "bf16": Policy("bf16", compute="bf16"),
+    "bf16 emulated": Policy("bf16", compute="bf16", emulate=True),
     "bf16.16": Policy("bf16.16", compute="bf16", master="bf16", stochastic_rounding=True),
     "fp16.32": Policy("fp16.32", compute="fp16", loss_scaling="dynamic", emulate=True),
     "fp16.16": Policy(
@@ -92,6 +98,81 @@ def test_emulated_fp16_rounds_every_layer_output_to_fp16():
         module.register_forward_hook(lambda m, i, output: outputs.append(output))
     backend.train_step(*batch(), lr=0.1)
     assert len(outputs) == 4 and all(o.dtype == torch.float32 and on_grid(o, torch.float16) for o in outputs)
+
+
+EMULATED_BF16 = Policy("bf16", compute="bf16", emulate=True)
+
+
+def test_emulated_bf16_stores_what_native_bf16_stores_layer_by_layer():
+    """Each layer's emulated output is its fp32 result cast to bf16 as torch casts it (round to nearest even), from
+    bf16 inputs and bf16 compute copies of the weights; against the layer run natively in bf16 (autocast, or bf16
+    tensors) it differs at most where fp32 accumulation order tips a rounding, by one bf16 step."""
+    backend = backend_for(EMULATED_BF16)
+    model = backend.model
+    seen: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def keep(module: nn.Module, inputs: tuple[torch.Tensor, ...], output: torch.Tensor, name: str) -> None:
+        seen[name] = (inputs[0].clone(), output.clone())  # clones: the ReLU after BatchNorm works in place
+
+    for name in ("conv", "bn", "relu", "pool", "fc"):
+        getattr(model, name).register_forward_hook(partial(keep, name=name))
+    with torch.no_grad():
+        backend.precision.forward(model.train(), batch()[0])
+    weights = {name: getattr(model, name).weight.to(torch.bfloat16) for name in ("conv", "fc")}
+    native = {
+        "conv": lambda x: nn.functional.conv2d(x.to(torch.bfloat16), weights["conv"], padding=1),
+        "bn": lambda x: model.bn(x).to(torch.bfloat16),  # BatchNorm computes in fp32 under every policy
+        "relu": lambda x: torch.relu(x.to(torch.bfloat16)),
+        "pool": lambda x: nn.functional.adaptive_avg_pool2d(x.to(torch.bfloat16), 1),
+        "fc": lambda x: nn.functional.linear(x.to(torch.bfloat16), weights["fc"], model.fc.bias.to(torch.bfloat16)),
+    }
+    for name, (inputs, stored) in seen.items():
+        assert stored.dtype == torch.float32 and on_grid(stored, torch.bfloat16), name
+        assert on_grid(inputs, torch.bfloat16), name  # the first's too: the image as a bf16 device holds it
+        with torch.no_grad():
+            natively = native[name](inputs).float()
+        ulp = stored.abs().clamp_min(1e-30) * 2.0**-7
+        assert bool(((stored - natively).abs() <= ulp).all()), name
+        assert float((stored == natively).float().mean()) > 0.9, name
+
+
+def test_emulated_bf16_rounds_stochastically_inside_streams_and_to_nearest_outside():
+    backend = backend_for(Policy("bf16.16", compute="bf16", master="bf16", stochastic_rounding=True, emulate=True))
+    images, _ = batch()
+    model = backend.model.eval()
+    nearest = backend.precision.forward(model, images)
+    with backend.precision.stochastic_streams([torch.Generator().manual_seed(1)]):
+        stochastic = backend.precision.forward(model, images)
+    assert on_grid(nearest, torch.bfloat16) and on_grid(stochastic, torch.bfloat16)
+    assert not torch.equal(nearest, stochastic)
+    torch.testing.assert_close(stochastic, nearest, rtol=0.05, atol=1e-2)
+
+
+@pytest.mark.parametrize(
+    ("compute", "emulate", "device", "expected"),
+    [
+        ("fp16", "auto", "cpu", True),
+        ("fp16", "auto", "cuda", False),
+        ("bf16", "auto", "cuda", False),
+        ("bf16", "always", "cuda", True),
+        ("bf16", "never", "cpu", False),
+        ("fp32", "auto", "cpu", False),
+    ],
+)
+def test_when_16_bit_compute_is_emulated(compute, emulate, device, expected):
+    assert emulates(compute, emulate, device) is expected
+
+
+@pytest.mark.parametrize(("isa", "emulated"), [("AVX2", True), ("AVX512_CORE_BF16", False)])
+def test_bf16_on_the_cpu_is_emulated_where_onednn_has_no_bf16_kernels(isa, emulated):
+    """oneDNN's dispatch is capped to `isa` (as on a host that has no more); what the CPU lacks it cannot add."""
+    env = {**os.environ, "ONEDNN_MAX_CPU_ISA": isa}
+    probe = "from optim.precision import emulates; print(emulates('bf16', 'auto', 'cpu'))"
+    answer = subprocess.run([sys.executable, "-c", probe], env=env, cwd=REPO, capture_output=True, text=True)
+    if not emulated and not torch.cpu._is_avx512_bf16_supported():
+        assert answer.stdout.strip() == "True"  # this host lacks them whatever the cap
+    else:
+        assert answer.stdout.strip() == str(emulated)
 
 
 def test_stochastic_streams_round_each_share_of_the_batch_with_its_own_generator():

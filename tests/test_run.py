@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import os
 import signal
 import subprocess
@@ -13,14 +14,16 @@ import pytest
 import torch
 import torchvision
 
-from tests.conftest import REPO, compliance_check, mllog_events, run_train
+from tests.conftest import REPO, compliance_check, mllog_events, record_margin, run_train
 
 
-@pytest.mark.parametrize(("optimizer", "lr"), [("lars", 4.0), ("sgd", 0.05)])
+@pytest.mark.convergence
+@pytest.mark.parametrize(("optimizer", "lr"), [("lars", 4.0), ("sgd", 0.1)])
 def test_smoke_run_reaches_target_and_its_log_passes_the_compliance_checker(optimizer, lr, cache_dir, tmp_path):
     overrides = ("experiment=smoke", f"optim={optimizer}", f"optim.base_lr={lr}", f"hydra.run.dir={tmp_path}")
     run_train(*overrides, cache=cache_dir, check=True)
     log = tmp_path / "mlperf.log"
+    record_margin(f"smoke {optimizer} lr {lr}", log, max_epochs=10)
     checker = compliance_check(log)
     assert checker.returncode == 0, checker.stdout + checker.stderr
     assert "SUCCESS" in checker.stdout + checker.stderr
@@ -47,6 +50,21 @@ def test_a_new_run_refuses_a_directory_that_holds_a_log(cache_dir, tmp_path):
 
 
 RESUME_RUN = ("experiment=smoke", "run.max_epochs=3", "mlperf.target_accuracy=1.0")
+ONE_STEP_EPOCHS = (*RESUME_RUN, "data.synthetic.train_per_class=4")  # 16 images: an epoch is one step of 16
+
+
+@pytest.fixture(scope="module")
+def straight(cache_dir, tmp_path_factory) -> dict[tuple[str, ...], Path]:
+    """Run directories of recipes run once without a stop, by recipe, made on first use."""
+    runs: dict[tuple[str, ...], Path] = {}
+
+    def run_of(recipe: tuple[str, ...]) -> Path:
+        if recipe not in runs:
+            runs[recipe] = tmp_path_factory.mktemp("straight")
+            run_train(*recipe, f"hydra.run.dir={runs[recipe]}", cache=cache_dir, check=True)
+        return runs[recipe]
+
+    return run_of
 
 
 def kill_after_first_checkpoint(run_dir: Path, cache: Path) -> None:
@@ -61,26 +79,104 @@ def kill_after_first_checkpoint(run_dir: Path, cache: Path) -> None:
     process.wait()
 
 
-def test_a_killed_run_resumes_to_the_same_weights_and_one_valid_log(cache_dir, tmp_path):
-    straight, killed = tmp_path / "straight", tmp_path / "killed"
-    run_train(*RESUME_RUN, f"hydra.run.dir={straight}", cache=cache_dir, check=True)
-    kill_after_first_checkpoint(killed, cache_dir)
-    assert not (killed / "model.pt").exists()
-    resumed = run_train(*RESUME_RUN, f"hydra.run.dir={killed}", "run.resume=auto", cache=cache_dir, check=True)
-    assert "resuming at epoch 2" in resumed.stdout
-
-    expected = torch.load(straight / "model.pt", weights_only=True)
-    actual = torch.load(killed / "model.pt", weights_only=True)
-    assert expected.keys() == actual.keys()
-    for name in expected:
-        assert torch.equal(expected[name], actual[name]), name
+def assert_same_run(expected: Path, actual: Path) -> None:
+    """The same final weights, evaluations and per-epoch losses and learning rates; one run_start in the log."""
+    weights = torch.load(expected / "model.pt", weights_only=True), torch.load(actual / "model.pt", weights_only=True)
+    assert weights[0].keys() == weights[1].keys()
+    for name in weights[0]:
+        assert torch.equal(weights[0][name], weights[1][name]), name
 
     def accuracies(run: Path) -> list[float]:
         return [e["value"] for e in mllog_events(run / "mlperf.log") if e["key"] == "eval_accuracy"]
 
-    assert accuracies(killed) == accuracies(straight)
-    assert [e["key"] for e in mllog_events(killed / "mlperf.log")].count("run_start") == 1
-    assert (killed / "metrics.csv").read_text().count("\n") == 4  # header and three epochs, none twice
+    def losses_and_rates(run: Path) -> list[tuple[str, ...]]:
+        rows = list(csv.DictReader((run / "metrics.csv").open()))
+        return [(row["epoch"], row["step"], row["lr"], row["train_loss"]) for row in rows]
+
+    assert accuracies(actual) == accuracies(expected)
+    assert losses_and_rates(actual) == losses_and_rates(expected)  # none twice, none lost
+    assert [e["key"] for e in mllog_events(actual / "mlperf.log")].count("run_start") == 1
+
+
+def test_a_killed_run_resumes_to_the_same_weights_and_one_valid_log(straight, cache_dir, tmp_path):
+    kill_after_first_checkpoint(tmp_path, cache_dir)
+    assert not (tmp_path / "model.pt").exists()
+    resumed = run_train(*RESUME_RUN, f"hydra.run.dir={tmp_path}", "run.resume=auto", cache=cache_dir, check=True)
+    assert "resuming at epoch 2" in resumed.stdout
+    assert_same_run(straight(RESUME_RUN), tmp_path)
+
+
+def signal_on_line(command: list[str], cache: Path, marker: str, *signals: signal.Signals) -> tuple[int, str]:
+    """Run `command` in the repo; send `signals` once a line of its output contains `marker` (the loop has not
+    started: the stop comes at the first step boundary); returns its exit status and output."""
+    env = {**os.environ, "RN50PERF_CACHE": str(cache), "PYTHONUNBUFFERED": "1"}
+    process = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    output = []
+    for line in process.stdout:
+        output.append(line)
+        if marker in line:
+            for signum in signals:
+                process.send_signal(signum)
+            break
+    rest, _ = process.communicate(timeout=600)
+    return process.returncode, "".join(output) + rest
+
+
+def assert_stopped_cleanly(run_dir: Path, returncode: int, output: str, signum: signal.Signals, where: str) -> None:
+    """Exit status 128 + the signal; a log that ends with run_stop aborted and that the checker reads whole; a
+    loadable checkpoint; resume.sh with the command that continues the run."""
+    assert returncode == 128 + signum, output
+    assert f"stopped by {signum.name} at {where}" in output, output
+    events = mllog_events(run_dir / "mlperf.log")
+    assert events[-1]["key"] == "run_stop" and events[-1]["metadata"]["status"] == "aborted"
+    checker = compliance_check(run_dir / "mlperf.log")
+    assert "parsing errors" not in checker.stdout + checker.stderr
+    state = torch.load(run_dir / "checkpoint.pt", weights_only=True)
+    assert state["loop"]["step"] == int(where.split()[1])
+    assert f"hydra.run.dir={run_dir} run.resume=auto" in (run_dir / "resume.sh").read_text()
+
+
+def test_a_run_stopped_twice_in_the_middle_of_an_epoch_resumes_to_the_same_run(straight, cache_dir, tmp_path):
+    first = [sys.executable, "train.py", *RESUME_RUN, f"hydra.run.dir={tmp_path}"]
+    status, output = signal_on_line(first, cache_dir, "precision ", signal.SIGTERM)
+    assert_stopped_cleanly(tmp_path, status, output, signal.SIGTERM, "step 1 (epoch 1, 1 of its 16 steps done)")
+
+    resume = ["sh", str(tmp_path / "resume.sh")]  # as a user (or a requeued job) would
+    status, output = signal_on_line(resume, cache_dir, "resuming at epoch 1 (step 1", signal.SIGUSR1)
+    assert_stopped_cleanly(tmp_path, status, output, signal.SIGUSR1, "step 2 (epoch 1, 2 of its 16 steps done)")
+
+    resumed = subprocess.run(resume, cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert "resuming at epoch 1 (step 2, 2 steps into the epoch)" in resumed.stdout
+    assert_same_run(straight(RESUME_RUN), tmp_path)
+
+
+def test_a_run_stopped_at_the_end_of_an_epoch_resumes_to_the_same_run(straight, cache_dir, tmp_path):
+    command = [sys.executable, "train.py", *ONE_STEP_EPOCHS, f"hydra.run.dir={tmp_path}"]
+    status, output = signal_on_line(command, cache_dir, "precision ", signal.SIGINT)
+    assert_stopped_cleanly(tmp_path, status, output, signal.SIGINT, "step 1 (epoch 1, 1 of its 1 steps done)")
+    assert "eval_start" not in [e["key"] for e in mllog_events(tmp_path / "mlperf.log")]  # before its evaluation
+    resumed = run_train(*ONE_STEP_EPOCHS, f"hydra.run.dir={tmp_path}", "run.resume=auto", cache=cache_dir)
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert_same_run(straight(ONE_STEP_EPOCHS), tmp_path)
+
+
+def test_a_second_ctrl_c_quits_at_once_and_leaves_the_checkpoint_whole(cache_dir, tmp_path):
+    command = [sys.executable, "train.py", *RESUME_RUN, f"hydra.run.dir={tmp_path}"]
+    env = {**os.environ, "RN50PERF_CACHE": str(cache_dir)}
+    process = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 300
+    while not (tmp_path / "checkpoint.pt").exists():
+        assert process.poll() is None and time.monotonic() < deadline, "no checkpoint before the run ended"
+        time.sleep(0.05)
+    for _ in range(2):
+        process.send_signal(signal.SIGINT)
+        time.sleep(0.01)
+    output, _ = process.communicate(timeout=60)
+    assert process.returncode == 130, output
+    assert "stopped by SIGINT" not in output  # it did not wait for the step boundary
+    torch.load(tmp_path / "checkpoint.pt", weights_only=True)  # the last one written whole, whatever was under way
+    mllog_events(tmp_path / "mlperf.log")  # every line whole
 
 
 def test_a_damaged_or_mismatched_checkpoint_is_refused(cache_dir, tmp_path):
