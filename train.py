@@ -122,6 +122,7 @@ class Loop:
 
 def train(cfg: Config, out_dir: Path, topology: Topology, resolved: str) -> tuple[str, float]:
     device = select_device(cfg.device.name, cfg.device.threads, topology.local_rank)
+    policy = precision_policy(cfg, device)
     resumed = distributed.from_main(lambda: restore_point(cfg, out_dir, topology.world_size))
     log = MLPerfLogger(out_dir / cfg.mlperf.log_file if topology.is_main else None)
     if topology.is_main:
@@ -129,9 +130,8 @@ def train(cfg: Config, out_dir: Path, topology: Topology, resolved: str) -> tupl
     if resumed is None:
         log.event(constants.CACHE_CLEAR, True)
         log.start(constants.INIT_START)
-        log_submission(
-            log, Submission(cfg.mlperf.org, submission_platform(cfg), cfg.mlperf.division, cfg.mlperf.status)
-        )
+        platform = submission_platform(cfg, policy)
+        log_submission(log, Submission(cfg.mlperf.org, platform, cfg.mlperf.division, cfg.mlperf.status))
         log.event(constants.SEED, cfg.run.seed)
     seed_everything(cfg.run.seed, topology.rank)
 
@@ -143,9 +143,10 @@ def train(cfg: Config, out_dir: Path, topology: Topology, resolved: str) -> tupl
     steps_per_epoch = len(train_loader)
 
     # Model, optimizer with the MLPerf parameter groups, precision policy; the schedule as a function of the step.
-    policy = precision_policy(cfg, device)
     if topology.is_main:
         print(f"precision {policy.describe()}", flush=True)
+        if policy.emulate and policy.compute == "bf16" and cfg.precision.emulate == "auto":
+            print("bf16 is emulated: this CPU has no native bf16 kernels (precision.emulate=never forces them)")
         if topology.distributed:
             print(f"{topology.world_size} ranks ({topology.launcher}), BN span {bn_span(cfg, topology.world_size)}")
     backend = build_backend(cfg, len(train_split.classes), device, topology, policy)
@@ -538,11 +539,11 @@ def dataset_shape(cfg: Config) -> tuple[int, int, int]:
     return synthetic.classes, synthetic.classes * synthetic.train_per_class, synthetic.classes * synthetic.val_per_class
 
 
-def submission_platform(cfg: Config) -> str:
-    """The platform the log names; a log in simulated device time says so."""
+def submission_platform(cfg: Config, policy: Policy) -> str:
+    """The platform the log names; a log in simulated device time, or of emulated 16-bit arithmetic, says so."""
     if cfg.mlperf.clock == "device":
         return f"{cfg.device.system.name} simulated by rn50perf ipu_sim (device time)"
-    return cfg.mlperf.platform
+    return cfg.mlperf.platform + (f" ({policy.compute} emulated in fp32)" if policy.emulate else "")
 
 
 def make_schedule(cfg: Config, steps_per_epoch: int) -> Schedule:
@@ -615,6 +616,8 @@ def resume(state: dict, backend: backends.Backend, log: MLPerfLogger, metrics: M
     """Continue exactly where the checkpoint left off; logs written after it are cut back to its sizes."""
     try:
         backend.load_state_dict(state["backend"])
+        if "ranks" in state:  # absent from checkpoints written before the ranks' own state was kept
+            backend.load_rank_state_dict(state["ranks"][rank])
     except (RuntimeError, KeyError, ValueError) as err:
         raise CheckpointError(f"checkpoint does not fit this model and optimizer: {err}") from err
     checkpoint.set_rng_state(state["rng"][rank])
@@ -630,9 +633,11 @@ def resume(state: dict, backend: backends.Backend, log: MLPerfLogger, metrics: M
 def save_checkpoint(
     cfg: Config, backend: backends.Backend, loop: Loop, log: MLPerfLogger, metrics: MetricsCSV, out_dir: Path
 ) -> None:
-    """Rank 0 writes the checkpoint, with every rank's generator states and its losses of the epoch so far."""
+    """Rank 0 writes the checkpoint, with every rank's generator states, losses of the epoch so far and own
+    state (BatchNorm statistics that the epoch's end has not averaged yet)."""
     rng = distributed.gather_to_main(checkpoint.rng_state())
     losses = distributed.gather_to_main(torch.stack(loop.losses).cpu() if loop.losses else torch.empty(0))
+    ranks = distributed.gather_to_main(backend.rank_state_dict())
     if log.path is None or metrics.path is None:
         return
     checkpoint.save(
@@ -641,6 +646,7 @@ def save_checkpoint(
             "backend": backend.state_dict(),
             "loop": {"epoch": loop.epoch, "step": loop.step, "run_start": loop.run_start, "batch": loop.batch},
             "losses": losses,
+            "ranks": ranks,
             "rng": rng,
             "log_sizes": {"mlperf": log.path.stat().st_size, "metrics": metrics.path.stat().st_size},
             "fingerprint": training_fingerprint(cfg) | {"world_size": len(rng)},

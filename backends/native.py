@@ -122,15 +122,7 @@ class NativeBackend:
     def end_epoch(self) -> None:
         """Average the BatchNorm running statistics over the ranks (they differ where BatchNorm groups do not
         span every rank), so every rank evaluates, and rank 0 checkpoints, the model they share."""
-        average_over_ranks(
-            [
-                stat
-                for m in self.model.modules()
-                if isinstance(m, _BatchNorm)
-                for stat in (m.running_mean, m.running_var)
-                if stat is not None
-            ]
-        )
+        average_over_ranks(self._running_stats())
 
     @torch.no_grad()
     def eval_step(self, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -152,3 +144,19 @@ class NativeBackend:
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.precision.load_state_dict(state["precision"])
+
+    def rank_state_dict(self) -> dict[str, Any]:
+        return {"running_stats": [s.clone() for s in self._running_stats()]}
+
+    @torch.no_grad()
+    def load_rank_state_dict(self, state: dict[str, Any]) -> None:
+        torch._foreach_copy_(self._running_stats(), [s.to(self.device) for s in state["running_stats"]])
+
+    def _running_stats(self) -> list[torch.Tensor]:
+        return [
+            stat
+            for m in self.model.modules()
+            if isinstance(m, _BatchNorm)
+            for stat in (m.running_mean, m.running_var)
+            if stat is not None
+        ]

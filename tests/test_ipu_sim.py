@@ -81,6 +81,23 @@ def test_virtual_replicas_train_to_the_weights_of_as_many_ranks(bn_group):
         torch.testing.assert_close(simulated[key], value, rtol=0, atol=1e-9, msg=f"bn_group {bn_group}: {key}")
 
 
+def test_replicas_stopped_in_the_middle_of_an_epoch_resume_with_each_groups_statistics():
+    """Mid-epoch, each BatchNorm group's running statistics are its own (the epoch's end averages them): a
+    checkpoint holds them (rank_state_dict), or a resumed run would end the epoch with other statistics."""
+    straight = ipu_sim_backend(net(nn.BatchNorm2d), REPLICAS, bn_group=2)
+    expected = train(straight, batches())
+    stopped = ipu_sim_backend(net(nn.BatchNorm2d), REPLICAS, bn_group=2)
+    for images, labels in batches()[:2]:
+        stopped.train_step(images, labels, lr=0.1)
+    saved = {"state": stopped.state_dict(), "rank": stopped.rank_state_dict()}
+    resumed = ipu_sim_backend(net(nn.BatchNorm2d), REPLICAS, bn_group=2)
+    resumed.load_state_dict(saved["state"])
+    resumed.load_rank_state_dict(saved["rank"])
+    actual = train(resumed, batches()[2:])
+    for key, value in expected.items():
+        assert torch.equal(actual[key], value), key
+
+
 FP16_16 = Policy("fp16.16", compute="fp16", master="fp16", stochastic_rounding=True, emulate=True)
 
 

@@ -14,6 +14,7 @@ import pytest
 import torch
 import torchvision
 
+from optim.precision import emulates
 from tests.conftest import REPO, compliance_check, mllog_events, record_margin, run_train
 
 
@@ -218,14 +219,23 @@ def test_an_unreadable_training_file_is_skipped_and_reported_or_fatal_by_policy(
     assert [e["metadata"]["status"] for e in stop] == ["aborted"]
 
 
+@pytest.mark.convergence
 @pytest.mark.parametrize(
-    "policy", [pytest.param(p, marks=pytest.mark.slow) for p in ("bf16", "bf16.16", "fp16.32")] + ["fp16.16"]
+    ("policy", "emulate"),
+    [pytest.param(p, "auto", marks=pytest.mark.slow) for p in ("bf16", "bf16.16", "fp16.32")]
+    + [("fp16.16", "auto"), ("bf16", "always")],
 )
-def test_a_smoke_run_under_each_precision_policy_passes_the_compliance_checker(policy, cache_dir, tmp_path):
-    result = run_train("experiment=smoke", f"precision={policy}", f"hydra.run.dir={tmp_path}", cache=cache_dir)
+def test_a_smoke_run_under_each_precision_policy_passes_the_compliance_checker(policy, emulate, cache_dir, tmp_path):
+    overrides = (f"precision={policy}", f"precision.emulate={emulate}", f"hydra.run.dir={tmp_path}")
+    result = run_train("experiment=smoke", *overrides, cache=cache_dir)
     assert result.returncode == 0, result.stdout + result.stderr
     assert f"precision {policy}:" in result.stdout
+    record_margin(f"smoke lars {policy}, precision.emulate={emulate}", tmp_path / "mlperf.log", max_epochs=10)
     checker = compliance_check(tmp_path / "mlperf.log")
     assert checker.returncode == 0, checker.stdout + checker.stderr
     header = (tmp_path / "metrics.csv").read_text().splitlines()[0]
     assert header.endswith("loss_scale,skipped_steps")
+    emulated = "emulated: fp32 arithmetic rounded to" in result.stdout
+    platform = next(e["value"] for e in mllog_events(tmp_path / "mlperf.log") if e["key"] == "submission_platform")
+    assert ("emulated in fp32" in platform) == emulated  # the log says what ran
+    assert emulated == (emulate == "always" or policy.startswith("fp16") or emulates("bf16", "auto", "cpu"))

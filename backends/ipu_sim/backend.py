@@ -134,6 +134,16 @@ class IpuSimBackend(NativeBackend):
         self.clock.load_state_dict(state["clock"])
         self.steps = state["steps"]
 
+    def rank_state_dict(self) -> dict[str, Any]:
+        """The native backend's, and each BatchNorm group's own running statistics."""
+        return super().rank_state_dict() | {"group_stats": [[s.clone() for s in g] for g in self.group_stats]}
+
+    @torch.no_grad()
+    def load_rank_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_rank_state_dict(state)
+        for group, saved in zip(self.group_stats, state["group_stats"], strict=True):
+            torch._foreach_copy_(group, saved)
+
     @torch.no_grad()
     def end_epoch(self) -> None:
         """The groups' running statistics averaged, then over the ranks, as the native backend does."""
