@@ -11,7 +11,8 @@
     torchrun --nproc-per-node 2 train.py dist.bn_group_size=2   two processes, BatchNorm over both
 
 Everything the run writes goes to its Hydra output directory: config.yaml (resolved), mlperf.log,
-metrics.csv, metrics.png, checkpoint.pt. With several ranks, rank 0 picks the directory and writes alone.
+metrics.csv, metrics.png, checkpoint.pt, and resume.sh after a stop. With several ranks, rank 0 picks the
+directory and writes alone. SIGTERM, SIGINT and SIGUSR1 stop the run at the next step boundary (distributed.stop).
 """
 
 from __future__ import annotations

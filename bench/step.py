@@ -1,6 +1,6 @@
 """What the harness's train step costs over a bare PyTorch loop that does the same arithmetic.
 
-    python -m bench.step [--batch 32] [--size 96] [--steps 8] [--warmup 2] [--rounds 3]
+    python -m bench.step [--batch 32] [--size 96] [--steps 6] [--warmup 2] [--rounds 2]
                          [--policies fp32,bf16,fp16] [--ipu-replicas 4] [--threads N]
 
 For each precision policy two ResNet-50s are built the same way from the same seed (1000 classes, BatchNorm,
@@ -222,9 +222,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.step", description=__doc__.split("\n\n")[0])
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--size", type=int, default=96, help="image height and width")
-    parser.add_argument("--steps", type=int, default=8, help="timed steps per round")
+    parser.add_argument("--steps", type=int, default=6, help="timed steps per round")
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps before each round")
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--policies", default=",".join(POLICIES), help=f"comma-separated, of {', '.join(POLICIES)}")
     parser.add_argument("--ipu-replicas", type=int, default=4, help="ipu_sim row's virtual replicas (0: no row)")
     parser.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's)")
