@@ -163,8 +163,11 @@ def test_when_16_bit_compute_is_emulated(compute, emulate, device, expected):
     assert emulates(compute, emulate, device) is expected
 
 
-@pytest.mark.parametrize(("isa", "emulated"), [("AVX2", True), ("AVX512_CORE_BF16", False)])
-def test_bf16_on_the_cpu_is_emulated_where_onednn_has_no_bf16_kernels(isa, emulated):
+@pytest.mark.parametrize(
+    ("isa", "emulated"),
+    [("AVX2", True), ("AVX512_CORE", True), ("AVX512_CORE_BF16", False), ("AVX512_CORE_AMX", False)],
+)
+def test_bf16_on_the_cpu_is_emulated_without_bf16_instructions(isa, emulated):
     """oneDNN's dispatch is capped to `isa` (as on a host that has no more); what the CPU lacks it cannot add."""
     env = {**os.environ, "ONEDNN_MAX_CPU_ISA": isa}
     probe = "from optim.precision import emulates; print(emulates('bf16', 'auto', 'cpu'))"
