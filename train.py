@@ -603,13 +603,12 @@ def restore_point(cfg: Config, out_dir: Path, world_size: int) -> dict | None:
     if cfg.run.resume == "auto" and path.exists():
         return checkpoint.load(path, training_fingerprint(cfg) | {"world_size": world_size})
     if (out_dir / cfg.mlperf.log_file).exists():
+        state = "a finished run" if (out_dir / FINAL_WEIGHTS).exists() else "a run with no checkpoint to resume"
+        advice = "give a new hydra.run.dir"
         if path.exists():
-            state = f"a stopped run: continue it with run.resume=auto (as {out_dir / RESUME_SCRIPT} does)"
-        elif (out_dir / FINAL_WEIGHTS).exists():
-            state = "a finished run"
-        else:
-            state = "a run with no checkpoint to resume"
-        raise ConfigError("run.resume", f"{out_dir} already holds {state}, or give a new hydra.run.dir")
+            state = "a stopped run"
+            advice = f"continue it with run.resume=auto (as {out_dir / RESUME_SCRIPT} does), or {advice}"
+        raise ConfigError("run.resume", f"{out_dir} already holds {state}; {advice}")
     return None
 
 
@@ -617,12 +616,12 @@ def resume(state: dict, backend: backends.Backend, log: MLPerfLogger, metrics: M
     """Continue exactly where the checkpoint left off; logs written after it are cut back to its sizes."""
     try:
         backend.load_state_dict(state["backend"])
-        if "ranks" in state:  # absent from checkpoints written before the ranks' own state was kept
+        if "ranks" in state:  # absent from epoch-end checkpoints of earlier versions: every rank's was the same
             backend.load_rank_state_dict(state["ranks"][rank])
     except (RuntimeError, KeyError, ValueError) as err:
         raise CheckpointError(f"checkpoint does not fit this model and optimizer: {err}") from err
     checkpoint.set_rng_state(state["rng"][rank])
-    losses = state.get("losses", [torch.empty(0)] * len(state["rng"]))[rank]  # absent at an epoch's end
+    losses = state.get("losses", [torch.empty(0)] * len(state["rng"]))[rank]  # as "ranks"
     loop = Loop(**state["loop"], losses=list(losses.to(backend.device).unbind()))
     if log.path is not None and metrics.path is not None:
         truncate_to(log.path, state["log_sizes"]["mlperf"])

@@ -157,6 +157,8 @@ def test_a_run_stopped_at_the_end_of_an_epoch_resumes_to_the_same_run(straight, 
     status, output = signal_on_line(command, cache_dir, "precision ", signal.SIGINT)
     assert_stopped_cleanly(tmp_path, status, output, signal.SIGINT, "step 1 (epoch 1, 1 of its 1 steps done)")
     assert "eval_start" not in [e["key"] for e in mllog_events(tmp_path / "mlperf.log")]  # before its evaluation
+    again = run_train(*ONE_STEP_EPOCHS, f"hydra.run.dir={tmp_path}", cache=cache_dir)  # without run.resume=auto
+    assert again.returncode == 2 and "a stopped run; continue it with run.resume=auto" in again.stderr
     resumed = run_train(*ONE_STEP_EPOCHS, f"hydra.run.dir={tmp_path}", "run.resume=auto", cache=cache_dir)
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     assert_same_run(straight(ONE_STEP_EPOCHS), tmp_path)
