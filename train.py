@@ -270,7 +270,7 @@ def train_epoch(
     Updates that loss scaling skipped (non-finite loss or gradients) are left out of the mean.
     """
     loader.set_epoch(loop.epoch, first_batch=loop.batch)
-    progress.start_epoch(loop.epoch, len(loader))
+    progress.start_epoch(loop.epoch, loop.batch + len(loader), done=loop.batch)
     for images, labels in loader:
         lr = schedule(loop.step)
         distributed.record_step(loop.step + 1)

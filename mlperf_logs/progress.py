@@ -19,10 +19,12 @@ class Progress:
         self.images_per_step = images_per_step
         self._bar: tqdm | None = None
 
-    def start_epoch(self, epoch: int, steps: int) -> None:
+    def start_epoch(self, epoch: int, steps: int, done: int = 0) -> None:
+        """An epoch of `steps` steps, `done` of them already taken (a run resumed in its middle)."""
         if self.mode == "bar":
             self._bar = tqdm(
                 total=steps * self.images_per_step,
+                initial=done * self.images_per_step,
                 desc=f"epoch {epoch}/{self.max_epochs}",
                 unit="img",
                 dynamic_ncols=True,
@@ -33,7 +35,7 @@ class Progress:
         """Advance the bar; every REFRESH_STEPS steps read the loss (a host sync) and show it."""
         if self._bar is not None and step_in_epoch % REFRESH_STEPS == 0:
             self._bar.set_postfix(loss=f"{float(loss):.3f}", lr=f"{lr:.3g}", refresh=False)
-            self._bar.update(REFRESH_STEPS * self.images_per_step)
+            self._bar.update(step_in_epoch * self.images_per_step - self._bar.n)
 
     def end_epoch(self, line: str) -> None:
         if self._bar is not None:
