@@ -5,10 +5,10 @@ A policy is applied to a model by `MixedPrecision`:
 - Compute in bf16 or fp16 runs under torch.autocast: activations and the per-op compute copies of the weights
   are 16-bit, the weights the optimizer owns stay fp32 tensors. Where the 16-bit arithmetic is slow it is
   emulated instead: on every CPU for fp16 (several times slower than fp32), and for bf16 on a CPU without bf16
-  instructions (oneDNN then runs bf16 convolutions through reference code, 14x to 17x slower than fp32).
-  Emulated, everything computes in fp32, and every layer's output and the compute copy of the convolution and
-  linear weights are rounded to the 16-bit type, which are the numbers a 16-bit device stores (the casts also
-  round the gradients flowing back through them). Inside `stochastic_streams(generators)` the outputs are
+  instructions (`cpu_has_native_bf16`). Emulated, everything computes in fp32, and the image entering the first
+  layer, every layer's output and the compute copy of the convolution and linear weights are rounded to the
+  16-bit type, which are the numbers a 16-bit device stores (the casts also round the gradients flowing back
+  through them). Inside `stochastic_streams(generators)` the outputs are
   rounded stochastically instead, each of the batch's equal shares with its own stream: the IPU's 16-bit
   arithmetic with a different seed on every replica.
 - A 16-bit master (the ".16" policies) is kept as fp32 tensors that hold 16-bit values: after each update the
