@@ -614,15 +614,14 @@ def restore_point(cfg: Config, out_dir: Path, world_size: int) -> dict | None:
 
 def resume(state: dict, backend: backends.Backend, log: MLPerfLogger, metrics: MetricsCSV, rank: int) -> Loop:
     """Continue exactly where the checkpoint left off; logs written after it are cut back to its sizes."""
+    own = state["ranks"][rank]
     try:
         backend.load_state_dict(state["backend"])
-        if "ranks" in state:  # absent from epoch-end checkpoints of earlier versions: every rank's was the same
-            backend.load_rank_state_dict(state["ranks"][rank])
+        backend.load_rank_state_dict(own["backend"])
     except (RuntimeError, KeyError, ValueError) as err:
         raise CheckpointError(f"checkpoint does not fit this model and optimizer: {err}") from err
-    checkpoint.set_rng_state(state["rng"][rank])
-    losses = state.get("losses", [torch.empty(0)] * len(state["rng"]))[rank]  # as "ranks"
-    loop = Loop(**state["loop"], losses=list(losses.to(backend.device).unbind()))
+    checkpoint.set_rng_state(own["rng"])
+    loop = Loop(**state["loop"], losses=list(own["losses"].to(backend.device).unbind()))
     if log.path is not None and metrics.path is not None:
         truncate_to(log.path, state["log_sizes"]["mlperf"])
         truncate_to(metrics.path, state["log_sizes"]["metrics"])
@@ -633,23 +632,24 @@ def resume(state: dict, backend: backends.Backend, log: MLPerfLogger, metrics: M
 def save_checkpoint(
     cfg: Config, backend: backends.Backend, loop: Loop, log: MLPerfLogger, metrics: MetricsCSV, out_dir: Path
 ) -> None:
-    """Rank 0 writes the checkpoint, with every rank's generator states, losses of the epoch so far and own
-    state (BatchNorm statistics that the epoch's end has not averaged yet)."""
-    rng = distributed.gather_to_main(checkpoint.rng_state())
-    losses = distributed.gather_to_main(torch.stack(loop.losses).cpu() if loop.losses else torch.empty(0))
-    ranks = distributed.gather_to_main(backend.rank_state_dict())
+    """Rank 0 writes the checkpoint, with what each rank holds alone: its generator states, its losses of the
+    epoch so far and its backend's own state (BatchNorm statistics that the epoch's end has not averaged yet)."""
+    own = {
+        "rng": checkpoint.rng_state(),
+        "losses": torch.stack(loop.losses).cpu() if loop.losses else torch.empty(0),
+        "backend": backend.rank_state_dict(),
+    }
+    ranks = distributed.gather_to_main(own)
     if log.path is None or metrics.path is None:
         return
     checkpoint.save(
         out_dir / CHECKPOINT,
         {
             "backend": backend.state_dict(),
-            "loop": {"epoch": loop.epoch, "step": loop.step, "run_start": loop.run_start, "batch": loop.batch},
-            "losses": losses,
+            "loop": {key: value for key, value in vars(loop).items() if key != "losses"},  # losses: per rank
             "ranks": ranks,
-            "rng": rng,
             "log_sizes": {"mlperf": log.path.stat().st_size, "metrics": metrics.path.stat().st_size},
-            "fingerprint": training_fingerprint(cfg) | {"world_size": len(rng)},
+            "fingerprint": training_fingerprint(cfg) | {"world_size": len(ranks)},
         },
     )
 

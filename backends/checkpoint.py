@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import torch
 
-FORMAT = 1
+FORMAT = 2  # 2: each rank's state (generators, the epoch's losses, BatchNorm statistics) under "ranks"
 
 
 class CheckpointError(ValueError):
@@ -36,8 +36,13 @@ def load(path: Path, fingerprint: dict[str, Any]) -> dict[str, Any]:
         raise CheckpointError(f"no checkpoint at {path}") from err
     except Exception as err:  # torch raises RuntimeError, pickle and zip errors alike for damaged files
         raise CheckpointError(f"{path} is damaged or not a checkpoint ({type(err).__name__}: {err})") from err
-    if not isinstance(state, dict) or state.get("format") != FORMAT:
+    if not isinstance(state, dict) or "format" not in state:
         raise CheckpointError(f"{path} is not an rn50perf checkpoint (format {FORMAT})")
+    if state["format"] != FORMAT:
+        raise CheckpointError(
+            f"{path} is in checkpoint format {state['format']}, this rn50perf reads format {FORMAT}: "
+            "finish that run with the rn50perf version that started it"
+        )
     differences = [
         f"{key}: checkpoint {state['fingerprint'].get(key)!r}, this run {value!r}"
         for key, value in fingerprint.items()

@@ -146,7 +146,7 @@ class NativeBackend:
         self.precision.load_state_dict(state["precision"])
 
     def rank_state_dict(self) -> dict[str, Any]:
-        return {"running_stats": [s.clone() for s in self._running_stats()]}
+        return {"running_stats": self._running_stats()}
 
     @torch.no_grad()
     def load_rank_state_dict(self, state: dict[str, Any]) -> None:

@@ -91,10 +91,11 @@ def curves(results: dict[str, dict[str, object]]) -> str:
     """The plot's curves as text: eval top-1 per epoch (rows) under each policy (columns)."""
     tops = {policy: dict(result["curve"]) for policy, result in results.items()}
     epochs = sorted({epoch for curve in tops.values() for epoch in curve})
-    lines = [f"{'epoch':>5} " + " ".join(f"{policy:>13}" for policy in tops)]
+    width = max([13, *map(len, tops)])
+    lines = [f"{'epoch':>5} " + " ".join(f"{policy:>{width}}" for policy in tops)]
     for epoch in epochs:
         cells = (f"{tops[p][epoch]:.4f}" if epoch in tops[p] else "-" for p in tops)
-        lines.append(f"{epoch:>5} " + " ".join(f"{cell:>13}" for cell in cells))
+        lines.append(f"{epoch:>5} " + " ".join(f"{cell:>{width}}" for cell in cells))
     return "\n".join(lines)
 
 

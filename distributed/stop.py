@@ -74,13 +74,14 @@ def _note(signum: int, frame: Any) -> None:
 
 def resume_command(topology: Topology, overrides: Sequence[str], out_dir: Path) -> list[str]:
     """The command line that continues this run from its checkpoint: the same launcher and overrides, with
-    run.resume=auto in the same run directory."""
+    run.resume=auto in the same run directory. Over several nodes torchrun also needs the launch's rendezvous
+    options, which its workers are not told: the command is each node's, to run with them."""
     kept = [o for o in overrides if not o.lstrip("+~").startswith(("run.resume=", "hydra.run.dir="))]
     train = ["train.py", *kept, f"hydra.run.dir={out_dir}", "run.resume=auto"]
     if topology.launcher == "torchrun":
         local = int(os.environ.get("LOCAL_WORLD_SIZE", topology.world_size))
         nodes = topology.world_size // local
-        where = ["--standalone"] if nodes == 1 else [f"--nnodes={nodes}", "--rdzv-endpoint=HOST:PORT"]
+        where = ["--standalone"] if nodes == 1 else [f"--nnodes={nodes}"]
         return [sys.executable, "-m", "torch.distributed.run", *where, f"--nproc-per-node={local}", *train]
     if topology.launcher == "slurm":
         return ["srun", sys.executable, *train]

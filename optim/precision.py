@@ -8,9 +8,9 @@ A policy is applied to a model by `MixedPrecision`:
   instructions (`cpu_has_native_bf16`). Emulated, everything computes in fp32, and the image entering the first
   layer, every layer's output and the compute copy of the convolution and linear weights are rounded to the
   16-bit type, which are the numbers a 16-bit device stores (the casts also round the gradients flowing back
-  through them). Inside `stochastic_streams(generators)` the outputs are
-  rounded stochastically instead, each of the batch's equal shares with its own stream: the IPU's 16-bit
-  arithmetic with a different seed on every replica.
+  through them). Inside `stochastic_streams(generators)` the outputs are rounded stochastically instead, each
+  of the batch's equal shares with its own stream: the IPU's 16-bit arithmetic with a different seed on every
+  replica.
 - A 16-bit master (the ".16" policies) is kept as fp32 tensors that hold 16-bit values: after each update the
   optimizer's fp32 result is rounded back, stochastically (unbiased, seeded per rank) or to nearest. Only
   convolution and linear weights have 16-bit masters.
@@ -37,6 +37,7 @@ from optim.stochastic_rounding import round_stochastic
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 LOSS_SCALING = ("none", "static", "dynamic")
+EMULATE = ("auto", "always", "never")
 LOW_PRECISION_LAYERS = (nn.Conv2d, nn.Linear)  # the layers whose weights have 16-bit compute copies and masters
 ROUNDED_LAYERS = (nn.Conv2d, nn.Linear, nn.BatchNorm2d, nn.ReLU, nn.MaxPool2d, nn.AdaptiveAvgPool2d)
 
@@ -238,9 +239,6 @@ def _inputs_in_fp32(module: nn.Module, inputs: tuple[torch.Tensor, ...]) -> tupl
     return (inputs[0].to(torch.promote_types(inputs[0].dtype, torch.float32)),)  # float64 stays float64
 
 
-EMULATE = ("auto", "always", "never")
-
-
 # oneDNN's names (ONEDNN_MAX_CPU_ISA, dnnl::cpu_isa) for the instruction sets that hold AVX512_BF16's bf16 dot
 # products or AMX: https://oneapi-src.github.io/oneDNN/dev_guide_cpu_dispatcher_control.html
 BF16_ISAS = {
@@ -259,8 +257,9 @@ BF16_ISAS = {
 def cpu_has_native_bf16() -> bool:
     """Whether this CPU computes bf16 natively, as torch reports it: cpuinfo finds AVX512_BF16 or AMX, and oneDNN
     may use them (ONEDNN_MAX_CPU_ISA, set to reproduce another host, does not cap it below them). Without them
-    oneDNN's bf16 convolutions are slower than fp32: emulated instructions with AVX-512 alone (0.34x fp32,
-    measured with bench.step capped at AVX512_CORE), reference code with AVX2 alone (14x to 17x slower)."""
+    oneDNN's bf16 convolutions are slower than fp32: emulated instructions with AVX-512 alone (0.35x fp32 and
+    0.48x rn50perf's emulation, from `ONEDNN_MAX_CPU_ISA=AVX512_CORE python -m bench.step --policies fp32,bf16`),
+    reference code with AVX2 alone (14x to 17x slower, as issue 16 reported it from a Zen 3 EPYC)."""
     hardware = torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
     cap = os.environ.get("ONEDNN_MAX_CPU_ISA", "ALL").upper()
     return hardware and cap in BF16_ISAS and torch.ops.mkldnn._is_mkldnn_bf16_supported()

@@ -20,7 +20,7 @@ def test_step_bench_compares_the_harness_with_a_bare_loop_for_each_policy():
     result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300, check=True)
     lines = result.stdout.strip().splitlines()
     figures = json.loads(lines[-1])
-    native = {"bf16_native"} if step.NATIVE_BF16 else set()
+    native = {"bf16_native"} if step.ONEDNN_BF16 else set()
     assert set(figures) == {"fp32", "bf16", "fp16", "ipu_sim", "min_ratio", "bf16_emulated", "bf16_over_fp32"} | native
     assert figures["bf16_emulated"] is not step.NATIVE_BF16
     assert figures["bf16_over_fp32"] == pytest.approx(

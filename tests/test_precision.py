@@ -100,14 +100,11 @@ def test_emulated_fp16_rounds_every_layer_output_to_fp16():
     assert len(outputs) == 4 and all(o.dtype == torch.float32 and on_grid(o, torch.float16) for o in outputs)
 
 
-EMULATED_BF16 = Policy("bf16", compute="bf16", emulate=True)
-
-
 def test_emulated_bf16_stores_what_native_bf16_stores_layer_by_layer():
     """Each layer's emulated output is its fp32 result cast to bf16 as torch casts it (round to nearest even), from
     bf16 inputs and bf16 compute copies of the weights; against the layer run natively in bf16 (autocast, or bf16
     tensors) it differs at most where fp32 accumulation order tips a rounding, by one bf16 step."""
-    backend = backend_for(EMULATED_BF16)
+    backend = backend_for(POLICIES["bf16 emulated"])
     model = backend.model
     seen: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
 

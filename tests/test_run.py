@@ -68,16 +68,21 @@ def straight(cache_dir, tmp_path_factory) -> dict[tuple[str, ...], Path]:
     return run_of
 
 
-def kill_after_first_checkpoint(run_dir: Path, cache: Path) -> None:
+def signal_after_first_checkpoint(run_dir: Path, cache: Path, *signals: signal.Signals) -> tuple[int, str]:
+    """RESUME_RUN in `run_dir`, sent `signals` (10 ms apart: one of a kind is pending at a time) once its first
+    checkpoint exists; returns its exit status and output."""
     command = [sys.executable, "train.py", *RESUME_RUN, f"hydra.run.dir={run_dir}"]
     env = {**os.environ, "RN50PERF_CACHE": str(cache)}
-    process = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.DEVNULL)
+    process = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     deadline = time.monotonic() + 300
     while not (run_dir / "checkpoint.pt").exists():
         assert process.poll() is None and time.monotonic() < deadline, "no checkpoint before the run ended"
         time.sleep(0.05)
-    process.send_signal(signal.SIGKILL)
-    process.wait()
+    for signum in signals:
+        process.send_signal(signum)
+        time.sleep(0.01)
+    output, _ = process.communicate(timeout=60)
+    return process.returncode, output
 
 
 def assert_same_run(expected: Path, actual: Path) -> None:
@@ -100,7 +105,7 @@ def assert_same_run(expected: Path, actual: Path) -> None:
 
 
 def test_a_killed_run_resumes_to_the_same_weights_and_one_valid_log(straight, cache_dir, tmp_path):
-    kill_after_first_checkpoint(tmp_path, cache_dir)
+    signal_after_first_checkpoint(tmp_path, cache_dir, signal.SIGKILL)
     assert not (tmp_path / "model.pt").exists()
     resumed = run_train(*RESUME_RUN, f"hydra.run.dir={tmp_path}", "run.resume=auto", cache=cache_dir, check=True)
     assert "resuming at epoch 2" in resumed.stdout
@@ -165,25 +170,15 @@ def test_a_run_stopped_at_the_end_of_an_epoch_resumes_to_the_same_run(straight, 
 
 
 def test_a_second_ctrl_c_quits_at_once_and_leaves_the_checkpoint_whole(cache_dir, tmp_path):
-    command = [sys.executable, "train.py", *RESUME_RUN, f"hydra.run.dir={tmp_path}"]
-    env = {**os.environ, "RN50PERF_CACHE": str(cache_dir)}
-    process = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    deadline = time.monotonic() + 300
-    while not (tmp_path / "checkpoint.pt").exists():
-        assert process.poll() is None and time.monotonic() < deadline, "no checkpoint before the run ended"
-        time.sleep(0.05)
-    for _ in range(2):
-        process.send_signal(signal.SIGINT)
-        time.sleep(0.01)
-    output, _ = process.communicate(timeout=60)
-    assert process.returncode == 130, output
+    status, output = signal_after_first_checkpoint(tmp_path, cache_dir, signal.SIGINT, signal.SIGINT)
+    assert status == 130, output
     assert "stopped by SIGINT" not in output  # it did not wait for the step boundary
     torch.load(tmp_path / "checkpoint.pt", weights_only=True)  # the last one written whole, whatever was under way
     mllog_events(tmp_path / "mlperf.log")  # every line whole
 
 
 def test_a_damaged_or_mismatched_checkpoint_is_refused(cache_dir, tmp_path):
-    kill_after_first_checkpoint(tmp_path, cache_dir)
+    signal_after_first_checkpoint(tmp_path, cache_dir, signal.SIGKILL)
     log_before = (tmp_path / "mlperf.log").read_bytes()
 
     mismatched = run_train(
@@ -193,7 +188,13 @@ def test_a_damaged_or_mismatched_checkpoint_is_refused(cache_dir, tmp_path):
     assert "optim.base_lr: checkpoint 4.0, this run 3.0" in mismatched.stderr
 
     checkpoint = tmp_path / "checkpoint.pt"
-    checkpoint.write_bytes(checkpoint.read_bytes()[: checkpoint.stat().st_size // 2])
+    whole = checkpoint.read_bytes()
+    torch.save({**torch.load(checkpoint, weights_only=True), "format": 1}, checkpoint)  # an earlier version's
+    older = run_train(*RESUME_RUN, f"hydra.run.dir={tmp_path}", "run.resume=auto", cache=cache_dir)
+    assert older.returncode == 2
+    assert "checkpoint format 1, this rn50perf reads format 2" in older.stderr
+
+    checkpoint.write_bytes(whole[: len(whole) // 2])
     damaged = run_train(*RESUME_RUN, f"hydra.run.dir={tmp_path}", "run.resume=auto", cache=cache_dir)
     assert damaged.returncode == 2
     assert "damaged or not a checkpoint" in damaged.stderr

@@ -136,7 +136,7 @@ class IpuSimBackend(NativeBackend):
 
     def rank_state_dict(self) -> dict[str, Any]:
         """The native backend's, and each BatchNorm group's own running statistics."""
-        return super().rank_state_dict() | {"group_stats": [[s.clone() for s in g] for g in self.group_stats]}
+        return super().rank_state_dict() | {"group_stats": self.group_stats}
 
     @torch.no_grad()
     def load_rank_state_dict(self, state: dict[str, Any]) -> None:
