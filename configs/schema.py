@@ -13,7 +13,7 @@ from pathlib import Path
 
 from hydra.core.config_store import ConfigStore
 
-from backends.ipu_sim.hardware import System
+from configs.hardware import System
 from data.synthetic import MAX_CLASSES
 from optim.precision import EMULATE
 

@@ -21,9 +21,9 @@ from hydra import compose, initialize_config_module
 from omegaconf import OmegaConf
 
 from backends.ipu_sim.cost import Constants, Projection, RunShape, evaluation_s, evaluations, project, step_time
-from backends.ipu_sim.hardware import System
 from backends.ipu_sim.plan import Layout, plan_run
 from backends.ipu_sim.profile import ModelProfile
+from configs.hardware import System
 from configs.schema import register
 from models import batchnorm, build_resnet50
 

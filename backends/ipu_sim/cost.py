@@ -10,8 +10,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from backends.ipu_sim.hardware import System
 from backends.ipu_sim.profile import ModelProfile, StageProfile
+from configs.hardware import System
 
 
 @dataclass(frozen=True)

@@ -9,10 +9,10 @@ from dataclasses import dataclass
 from torch import nn
 
 from backends.ipu_sim.cost import RunShape
-from backends.ipu_sim.hardware import Chip
 from backends.ipu_sim.memory import MemoryPlan, plan_memory
 from backends.ipu_sim.probe import profile_model
 from backends.ipu_sim.profile import ModelProfile
+from configs.hardware import Chip
 
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 OPTIMIZER_SLOTS = 1  # momentum, for LARS and SGD alike
