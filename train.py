@@ -13,24 +13,21 @@
 Everything the run writes goes to its Hydra output directory: config.yaml (resolved), mlperf.log,
 metrics.csv, metrics.png, checkpoint.pt, and resume.sh after a stop. With several ranks, rank 0 picks the
 directory and writes alone. SIGTERM, SIGINT and SIGUSR1 stop the run at the next step boundary (distributed.stop).
+assemble.py builds the run's parts from the config; run.mode=benchmark and run.mode=project are benchmark.py and
+projection.py.
 """
 
 from __future__ import annotations
 
-import contextlib
-import json
 import math
 import os
-import random
 import sys
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 
 import hydra
-import numpy as np
 import torch
 from hydra.core.hydra_config import HydraConfig
 from hydra.errors import HydraException
@@ -39,38 +36,34 @@ from omegaconf.errors import OmegaConfBaseException
 
 import backends
 import distributed
+from assemble import (
+    bn_span,
+    build_backend,
+    hyperparameters,
+    make_loader,
+    make_schedule,
+    open_splits,
+    precision_policy,
+    seed_everything,
+    select_device,
+    submission_platform,
+)
 from backends import checkpoint
 from backends.checkpoint import CheckpointError
-from backends.ipu_sim import cost, pipeline
-from backends.ipu_sim.clock import DeviceClock
-from backends.ipu_sim.cost import Constants
-from backends.ipu_sim.memory import OutOfMemory
-from backends.ipu_sim.plan import Layout, Plan, plan_run
+from benchmark import benchmark
 from configs.schema import Config, ConfigError, register, training_fingerprint, validate
-from data.datasets import open_dataset
-from data.loader import Crops, Loader, build_loader
-from data.sampler import ShardedSampler
-from data.split import DatasetError, Split
-from data.synthetic import CACHE_ENV, SyntheticSpec
+from data.loader import Loader
+from data.split import DatasetError
+from data.synthetic import CACHE_ENV
 from distributed import LaunchError, PeerLost, Topology
-from distributed.batchnorm import DistributedBatchNorm2d
-from distributed.stop import (
-    RESUME_SCRIPT,
-    StopRequested,
-    catch_stop_signals,
-    resume_command,
-    shell_line,
-    write_resume_script,
-)
-from mlperf_logs.hyperparameters import Hyperparameters, Submission, log_hyperparameters, log_submission
+from distributed.stop import RESUME_SCRIPT, StopRequested, catch_stop_signals, tell_how_to_resume
+from mlperf_logs.hyperparameters import Submission, log_hyperparameters, log_submission
 from mlperf_logs.logger import MLPerfLogger, constants, truncate_to
 from mlperf_logs.metrics import TENSORBOARD, EpochMetrics, EpochTimer, MetricsCSV, plot
-from mlperf_logs.progress import Progress
-from models import batchnorm, build_resnet50
-from models.resnet import NormLayer
-from optim import Schedule, build_optimizer
-from optim.precision import NonFiniteLoss, Policy, emulates
-from optim.schedule import steps_from_epochs
+from mlperf_logs.progress import Progress, epoch_line, print_summary
+from optim import Schedule
+from optim.precision import NonFiniteLoss
+from projection import project
 
 USER_ERRORS = (ConfigError, DatasetError, CheckpointError, LaunchError, HydraException, OmegaConfBaseException)
 # Ranks other than 0 keep Hydra from writing: rank 0's run directory is the run's, and ${now:} differs per rank.
@@ -79,7 +72,6 @@ CHECKPOINT = "checkpoint.pt"
 FINAL_WEIGHTS = "model.pt"
 METRICS = "metrics.csv"
 NO_TRIAL_COMPLETED = "No trials are completed yet."  # optuna's study.best_trial, when every trial failed
-IMAGENET_TRAIN_IMAGES, IMAGENET_EVAL_IMAGES = 1_281_167, 50_000
 
 register()
 
@@ -97,7 +89,7 @@ def main(raw: DictConfig) -> float | None:
             project(cfg)
         else:
             catch_stop_signals()  # SIGTERM, SIGINT, SIGUSR1: checkpoint and end the log at the next step boundary
-            out_dir = agree_on_output_dir(Path(HydraConfig.get().runtime.output_dir))
+            out_dir = distributed.agree_on_output_dir(Path(HydraConfig.get().runtime.output_dir))
             status, minutes = train(cfg, out_dir, topology, resolved=OmegaConf.to_yaml(raw, resolve=True))
             return sweep_objective(status, minutes)
     return None
@@ -175,7 +167,8 @@ def train(cfg: Config, out_dir: Path, topology: Topology, resolved: str) -> tupl
         log.close()
         if isinstance(err, StopRequested):
             if topology.is_main:
-                tell_how_to_resume(err, loop, steps_per_epoch, topology, out_dir)
+                where = f"step {loop.step} (epoch {loop.epoch}, {loop.batch} of its {steps_per_epoch} steps done)"
+                tell_how_to_resume(err, where, topology, HydraConfig.get().overrides.task, out_dir, [CACHE_ENV])
             distributed.barrier()  # rank 0's checkpoint and log are whole before any rank exits
         raise
     log.end(constants.RUN_STOP, metadata={constants.STATUS: status})
@@ -186,7 +179,8 @@ def train(cfg: Config, out_dir: Path, topology: Topology, resolved: str) -> tupl
         plot(metrics.read(), out_dir / "metrics.png", cfg.mlperf.target_accuracy)
         checkpoint.save_atomically(out_dir / FINAL_WEIGHTS, backend.state_dict()["model"])
         (out_dir / CHECKPOINT).unlink(missing_ok=True)  # the run is over: nothing is left to resume
-        print_summary(status, accuracy, loop, minutes, out_dir, skipped={**train_loader.skipped, **val_loader.skipped})
+        skipped = {**train_loader.skipped, **val_loader.skipped}
+        print_summary(status, accuracy, loop.epoch - 1, minutes, out_dir, skipped)
     return status, minutes
 
 
@@ -312,295 +306,6 @@ def eval_epochs(max_epochs: int, first: int, every: int) -> set[int]:
     return set(range(first, max_epochs + 1, every)) | {max_epochs}
 
 
-def agree_on_output_dir(own: Path) -> Path:
-    """Rank 0's Hydra run directory, for every rank; another rank's own (empty) one is removed."""
-    chosen = distributed.from_main(lambda: own)
-    if own != chosen:
-        with contextlib.suppress(OSError):
-            own.rmdir()
-    return chosen
-
-
-def open_splits(cfg: Config, topology: Topology) -> tuple[Split, Split]:
-    """Rank 0 opens the dataset first (generating the synthetic set, its index or its shards on first use), then
-    the other ranks, which find them made."""
-    data = cfg.data
-    spec = SyntheticSpec(**vars(data.synthetic))
-    splits = open_dataset(data.name, data.root, spec, data.format) if topology.is_main else None
-    distributed.barrier()
-    return splits or open_dataset(data.name, data.root, spec, data.format)
-
-
-def make_loader(
-    cfg: Config, split: Split, topology: Topology, *, train: bool, batch: int, device: torch.device
-) -> Loader:
-    data = cfg.data
-    crops = Crops(train=train, size=data.image_size, area_min=data.crop_area_min, eval_resize=data.eval_resize)
-    sampler = ShardedSampler(
-        len(split),
-        seed=cfg.run.seed,
-        shuffle=train,
-        global_batch=data.global_batch,
-        rank=topology.rank,
-        world_size=topology.world_size,
-    )
-    return build_loader(
-        split,
-        crops,
-        sampler,
-        batch=batch,
-        workers=data.workers,
-        pin_memory=device.type == "cuda",
-        corrupt=data.corrupt,
-        max_pixels=data.max_pixels,
-        cache_bytes=data.cache_bytes,
-    )
-
-
-def precision_policy(cfg: Config, device: torch.device) -> Policy:
-    p = cfg.precision
-    return Policy(
-        name=p.name,
-        compute=p.compute,
-        master=p.master,
-        stochastic_rounding=p.stochastic_rounding,
-        loss_scaling=p.loss_scaling,
-        init_scale=p.init_scale,
-        growth_interval=p.growth_interval,
-        emulate=emulates(p.compute, p.emulate, device.type),
-    )
-
-
-def build_backend(
-    cfg: Config, classes: int, device: torch.device, topology: Topology, policy: Policy
-) -> backends.Backend:
-    """ResNet-50, LARS or SGD with the MLPerf parameter groups, and the precision policy, bound to `device`; on a
-    simulated IPU system, once its memory plan fits, with the system's clock."""
-    model = build_model(cfg, classes)
-    clock = ipu_clock(cfg, model, announce=topology.is_main) if cfg.device.name == "ipu_sim" else None
-    optimizer = build_optimizer(
-        cfg.optim.name,
-        model,
-        lr=cfg.optim.base_lr,
-        momentum=cfg.optim.momentum,
-        weight_decay=cfg.optim.weight_decay,
-        eta=cfg.optim.eta,
-    )
-    check_module_names(model, cfg.device.pipeline_splits, "device.pipeline_splits")
-    return backends.build(
-        cfg.device.name if cfg.device.name == "ipu_sim" else str(device),
-        model,
-        optimizer,
-        label_smoothing=cfg.optim.label_smoothing,
-        grad_accum=cfg.dist.grad_accum,
-        policy=policy,
-        seed=cfg.run.seed * 1_000_003,  # one rounding stream on every rank: replicas keep identical weights
-        bucket_mb=cfg.dist.bucket_mb,
-        overlap=cfg.dist.overlap,
-        replicas=cfg.device.replicas // topology.world_size,
-        bn_group=cfg.dist.bn_group_size,
-        clock=clock,
-        pipeline_splits=cfg.device.pipeline_splits,
-    )
-
-
-def build_model(cfg: Config, classes: int) -> torch.nn.Module:
-    """ResNet-50 with the configured norm layer; pipeline splits must cut it where one tensor crosses."""
-    model = build_resnet50(classes, norm_layer(cfg), cfg.model.zero_init_residual, cfg.device.channels_last)
-    check_module_names(model, cfg.device.pipeline_splits, "device.pipeline_splits")
-    if cfg.device.pipeline_splits:
-        try:
-            pipeline.cut(model, cfg.device.pipeline_splits)
-        except ValueError as err:  # e.g. a cut inside a residual block, where two tensors cross
-            raise ConfigError("device.pipeline_splits", str(err)) from err
-    return model
-
-
-def ipu_layout(cfg: Config) -> Layout:
-    """The run's layout on the simulated IPU system, as the probe, the memory plan and the cost model read it."""
-    device = cfg.device
-    return Layout(
-        replicas=device.replicas,
-        micro_batch=cfg.data.global_batch // (device.replicas * cfg.dist.grad_accum),
-        grad_accum=cfg.dist.grad_accum,
-        image_size=cfg.data.image_size,
-        splits=tuple(device.pipeline_splits),
-        recompute=device.recompute,
-        device_iterations=device.device_iterations,
-        optimizer_state=device.optimizer_state,
-        input_8bit=device.input_8bit,
-        compute=cfg.precision.compute,
-        master=cfg.precision.master,
-        merged_allreduce=cfg.dist.bucket_mb is None,
-    )
-
-
-def ipu_plan(cfg: Config, model: torch.nn.Module) -> Plan:
-    """Probe one micro-batch of `model` on the host and plan each IPU's memory."""
-    try:
-        return plan_run(model, ipu_layout(cfg), cfg.device.system.chip)
-    except ValueError as err:  # a split or recomputation checkpoint the model does not run
-        raise ConfigError("device", str(err)) from err
-
-
-def ipu_clock(cfg: Config, model: torch.nn.Module, announce: bool) -> DeviceClock:
-    """The simulated system's clock, timed by the cost model, for a run whose memory plan fits: an oversubscribed
-    plan is refused with the per-IPU table, as the IPU compiler refuses it."""
-    plan = ipu_plan(cfg, model)
-    try:
-        plan.memory.check()
-    except OutOfMemory as err:
-        raise ConfigError("device", str(err)) from err
-    if announce:
-        print(f"IPU memory of {cfg.device.system.name}: {plan.memory.suggestion()}", flush=True)
-    system, shape = cfg.device.system, plan.layout.shape()
-    step = cost.step_time(plan.profile, system, shape, Constants())
-    return DeviceClock(step.total_s, cost.eval_image_s(plan.profile, system, shape, Constants()))
-
-
-def check_module_names(model: torch.nn.Module, names: list[str], key: str) -> None:
-    modules = dict(model.named_modules())
-    for name in names:
-        if name not in modules:
-            examples = ", ".join([*list(modules)[1:4], "layer2", "layer3.2"])
-            raise ConfigError(key, f"{name!r} is not a module of the model (e.g. {examples})")
-
-
-def norm_layer(cfg: Config) -> NormLayer:
-    """BatchNorm2d, or DistributedBatchNorm2d when statistics span several ranks."""
-    model = cfg.model
-    if cfg.dist.bn_group_size == 1 or cfg.device.name == "ipu_sim":  # ipu_sim groups replicas' micro-batches
-        return batchnorm(model.bn_momentum, model.bn_eps)
-    return partial(
-        DistributedBatchNorm2d, group_size=cfg.dist.bn_group_size, eps=model.bn_eps, momentum=model.bn_momentum
-    )
-
-
-def bn_span(cfg: Config, world_size: int) -> int:
-    """The images one BatchNorm's statistics cover: the micro-batch times the replicas (ranks, or simulated
-    IPU replicas) in its group."""
-    replicas = cfg.device.replicas if cfg.device.name == "ipu_sim" else world_size
-    return cfg.data.global_batch // (replicas * cfg.dist.grad_accum) * cfg.dist.bn_group_size
-
-
-def benchmark(cfg: Config, topology: Topology) -> None:
-    """run.mode=benchmark: time the train step on random in-memory batches (no data, no MLPerf log)."""
-    device = select_device(cfg.device.name, cfg.device.threads, topology.local_rank)
-    seed_everything(cfg.run.seed, topology.rank)
-    classes = cfg.data.synthetic.classes if cfg.data.name == "synthetic" else 1000
-    policy = precision_policy(cfg, device)
-    backend = build_backend(cfg, classes, device, topology, policy)
-    batch, size = cfg.data.global_batch // topology.world_size, cfg.data.image_size
-    images = torch.randint(0, 256, (batch, size, size, 3), dtype=torch.uint8)
-    labels = torch.randint(0, classes, (batch,))
-    lr = cfg.optim.base_lr / 100  # small enough to stay finite however long it runs
-    float(backend.train_step(images, labels, lr))  # warm-up: allocations, kernel selection
-    started = time.perf_counter()
-    losses = [backend.train_step(images, labels, lr) for _ in range(cfg.run.benchmark_steps)]
-    float(torch.stack(losses).sum())  # wait for the device
-    distributed.barrier()
-    images_per_s = cfg.run.benchmark_steps * cfg.data.global_batch / (time.perf_counter() - started)
-    if not topology.is_main:
-        return
-    batches = f"batch {cfg.data.global_batch}" + (f" ({topology.world_size} ranks)" if topology.distributed else "")
-    print(f"precision {policy.describe()}")
-    print(f"{cfg.run.benchmark_steps} steps of {batches} at {size} px on {device}: {images_per_s:.1f} img/s")
-    figures = {"img_s": round(images_per_s, 2), "precision": cfg.precision.name, "batch": cfg.data.global_batch}
-    figures |= {"ranks": topology.world_size, "image_size": size, "optimizer": cfg.optim.name}
-    print(json.dumps({**figures, "device": str(device)}))
-
-
-def project(cfg: Config) -> None:
-    """run.mode=project: probe the model on the host, then print the simulated system's memory plan, the step
-    time by component, and the projected epoch and time-to-train for run.max_epochs (no data, no MLPerf log)."""
-    torch.manual_seed(cfg.run.seed)
-    classes, train_images, eval_images = dataset_shape(cfg)
-    plan = ipu_plan(cfg, build_model(cfg, classes))
-    system, shape, epochs = cfg.device.system, plan.layout.shape(), cfg.run.max_epochs
-    projected = cost.project(
-        plan.profile,
-        system,
-        shape,
-        Constants(),
-        epochs=epochs,
-        train_images=train_images,
-        eval_images=eval_images,
-        eval_every=cfg.mlperf.eval_every,
-    )
-    print(f"{system.name}: {system.ipus} {system.chip.name} IPUs, {system.hosts} hosts, {system.host_cores} host cores")
-    print(f"{plan.memory.table()}\n{plan.memory.suggestion()}\n")
-    print(cost.report(projected, shape, len(plan.profile.stages), epochs))
-    figures = {
-        "throughput_img_s": round(projected.throughput_img_s, 1),
-        "epoch_s": round(projected.epoch_s, 3),
-        "time_to_train_min": round(projected.time_to_train_min, 3),
-        "ipu_memory_mb": [round(row.total_mb, 1) for row in plan.memory.rows],
-        "fits": plan.memory.fits,
-    }
-    print(json.dumps(figures))
-
-
-def dataset_shape(cfg: Config) -> tuple[int, int, int]:
-    """Classes, training and validation images of the configured dataset, without reading it."""
-    if cfg.data.name == "imagenet":
-        return 1000, IMAGENET_TRAIN_IMAGES, IMAGENET_EVAL_IMAGES
-    synthetic = cfg.data.synthetic
-    return synthetic.classes, synthetic.classes * synthetic.train_per_class, synthetic.classes * synthetic.val_per_class
-
-
-def submission_platform(cfg: Config, policy: Policy) -> str:
-    """The platform the log names; a log in simulated device time, or of emulated 16-bit arithmetic, says so."""
-    if cfg.mlperf.clock == "device":
-        return f"{cfg.device.system.name} simulated by rn50perf ipu_sim (device time)"
-    return cfg.mlperf.platform + (f" ({policy.compute} emulated in fp32)" if policy.emulate else "")
-
-
-def make_schedule(cfg: Config, steps_per_epoch: int) -> Schedule:
-    optim = cfg.optim
-    warmup_steps = steps_from_epochs(optim.warmup_epochs, steps_per_epoch)
-    decay_epochs = optim.decay_epochs or cfg.run.max_epochs - optim.warmup_epochs
-    return Schedule(
-        base_lr=optim.base_lr,
-        warmup_steps=warmup_steps,
-        decay_steps=max(1, steps_from_epochs(decay_epochs, steps_per_epoch)),
-        end_lr=optim.end_lr,
-        power=optim.poly_power,
-    )
-
-
-def hyperparameters(
-    cfg: Config, schedule: Schedule, world_size: int, train_split: Split, val_split: Split
-) -> Hyperparameters:
-    return Hyperparameters(
-        optimizer=cfg.optim.name,
-        global_batch=cfg.data.global_batch,
-        grad_accum=cfg.dist.grad_accum,
-        bn_span=bn_span(cfg, world_size),
-        train_samples=len(train_split),
-        eval_samples=len(val_split),
-        base_lr=cfg.optim.base_lr,
-        end_lr=cfg.optim.end_lr,
-        poly_power=cfg.optim.poly_power,
-        decay_steps=schedule.decay_steps,
-        warmup_epochs=cfg.optim.warmup_epochs,
-        momentum=cfg.optim.momentum,
-        weight_decay=cfg.optim.weight_decay,
-    )
-
-
-def tell_how_to_resume(
-    stop: StopRequested, loop: Loop, steps_per_epoch: int, topology: Topology, out_dir: Path
-) -> None:
-    """Say where the run stopped and the command that continues it, here and in the run directory's resume.sh."""
-    where = f"step {loop.step} (epoch {loop.epoch}, {loop.batch} of its {steps_per_epoch} steps done)"
-    why = f"{stop} at {where}; this continues the run from its checkpoint"
-    env = {CACHE_ENV: os.environ[CACHE_ENV]} if CACHE_ENV in os.environ else {}
-    command = resume_command(topology, HydraConfig.get().overrides.task, out_dir)
-    script = write_resume_script(out_dir, command, env, why)
-    print(f"\n{stop} at {where}: checkpoint written, log ended (run_stop aborted)", file=sys.stderr)
-    print(f"resume with:\n  {shell_line(command, env)}\n(also in {script})", file=sys.stderr, flush=True)
-
-
 def restore_point(cfg: Config, out_dir: Path, world_size: int) -> dict | None:
     """The checkpoint to continue from (run.resume=auto and one exists in the output directory), else None.
 
@@ -659,46 +364,6 @@ def save_checkpoint(
             "log_sizes": {"mlperf": log.path.stat().st_size, "metrics": metrics.path.stat().st_size},
             "fingerprint": training_fingerprint(cfg) | {"world_size": len(ranks)},
         },
-    )
-
-
-def seed_everything(seed: int, rank: int) -> None:
-    """One seed drives Python, NumPy and torch; each rank offsets it."""
-    random.seed(seed + rank)
-    np.random.seed(seed + rank)
-    torch.manual_seed(seed + rank)
-
-
-def select_device(name: str, threads: int, local_rank: int = 0) -> torch.device:
-    """The CPU, or the GPU of this rank's local rank."""
-    if threads:
-        torch.set_num_threads(threads)
-    if name in ("cpu", "ipu_sim"):  # the simulated IPU runs on the host
-        return torch.device("cpu")
-    if not torch.cuda.is_available():
-        raise ConfigError("device.name", "cuda was asked for but no CUDA device is available (use device=cpu)")
-    if local_rank >= torch.cuda.device_count():
-        raise ConfigError("device.name", f"local rank {local_rank} has no GPU ({torch.cuda.device_count()} here)")
-    return torch.device("cuda", local_rank)
-
-
-def epoch_line(max_epochs: int, row: EpochMetrics) -> str:
-    """The epoch's figures, with the share of its wall time spent waiting for data (and for the all-reduce)."""
-    line = f"epoch {row.epoch:3d}/{max_epochs}  loss {row.train_loss:.4f}  lr {row.lr:<9.4g}"
-    line += f"{row.images_per_s:7.1f} img/s  data wait {row.data_wait:4.0%}"
-    line += f"  all-reduce {row.allreduce:4.0%}" if row.allreduce else ""
-    return line + (f"  eval top-1 {row.eval_accuracy:.4f}" if row.eval_accuracy is not None else "")
-
-
-def print_summary(
-    status: str, accuracy: float | None, loop: Loop, minutes: float, out_dir: Path, skipped: dict[str, str]
-) -> None:
-    shown = "n/a" if accuracy is None else f"{accuracy:.4f}"
-    unreadable = f"\n{len(skipped)} unreadable files skipped (each reported above)" if skipped else ""
-    print(
-        f"\nrun_stop status {status}: {loop.epoch - 1} epochs, eval top-1 {shown}, "
-        f"time to train {minutes:.2f} min{unreadable}\noutputs: {out_dir}",
-        flush=True,
     )
 
 

@@ -12,6 +12,8 @@ from data.shards import open_shards
 from data.split import DatasetError, Split
 from data.synthetic import SyntheticSpec, default_root, ensure_dataset
 
+IMAGENET_TRAIN_IMAGES, IMAGENET_EVAL_IMAGES = 1_281_167, 50_000
+
 
 def open_dataset(name: str, root: str | None, synthetic: SyntheticSpec, form: str = "files") -> tuple[Split, Split]:
     """The train and val splits of `name` ("synthetic" or "imagenet"), class indices from train's folders, read
@@ -44,3 +46,10 @@ def open_files(name: str, root: str | None, synthetic: SyntheticSpec) -> tuple[F
     cache = index_dir()
     train = open_split(layout.train, classes, watch=[layout.root], cache=cache)
     return train, open_split(layout.val, classes, labels=layout.val_labels, watch=[layout.root], cache=cache)
+
+
+def dataset_size(name: str, synthetic: SyntheticSpec) -> tuple[int, int, int]:
+    """Classes, training and validation images of `name` ("synthetic" or "imagenet"), without reading it."""
+    if name == "imagenet":
+        return 1000, IMAGENET_TRAIN_IMAGES, IMAGENET_EVAL_IMAGES
+    return synthetic.classes, synthetic.classes * synthetic.train_per_class, synthetic.classes * synthetic.val_per_class

@@ -3,6 +3,7 @@ DistributedBatchNorm2d (distributed.batchnorm) and the bulk gradient all-reduce 
 
 from distributed.group import (
     PeerLost,
+    agree_on_output_dir,
     average_over_ranks,
     barrier,
     broadcast_from_main,
@@ -20,6 +21,7 @@ __all__ = [
     "LaunchError",
     "PeerLost",
     "Topology",
+    "agree_on_output_dir",
     "average_over_ranks",
     "barrier",
     "broadcast_from_main",

@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from datetime import timedelta
+from pathlib import Path
 from typing import Any, TypeVar
 
 import torch
@@ -168,6 +169,15 @@ def from_main(fn: Callable[[], T]) -> T:
     if not ok:
         raise value
     return value
+
+
+def agree_on_output_dir(own: Path) -> Path:
+    """Rank 0's run directory, for every rank; another rank's own (empty) one is removed."""
+    chosen = from_main(lambda: own)
+    if own != chosen:
+        with contextlib.suppress(OSError):
+            own.rmdir()
+    return chosen
 
 
 def gather_to_main(obj: T) -> list[T]:

@@ -100,3 +100,21 @@ def write_resume_script(out_dir: Path, command: Sequence[str], env: Mapping[str,
     script.write_text(f"#!/bin/sh\n# {why}\n{exports}cd {shlex.quote(os.getcwd())}\nexec {shlex.join(command)}\n")
     script.chmod(0o755)
     return script
+
+
+def tell_how_to_resume(
+    stop: StopRequested,
+    where: str,
+    topology: Topology,
+    overrides: Sequence[str],
+    out_dir: Path,
+    keep_env: Sequence[str],
+) -> None:
+    """Say where the run stopped and the command that continues it (with those of the `keep_env` variables that are
+    set), on stderr and in the run directory's resume.sh."""
+    why = f"{stop} at {where}; this continues the run from its checkpoint"
+    env = {name: os.environ[name] for name in keep_env if name in os.environ}
+    command = resume_command(topology, overrides, out_dir)
+    script = write_resume_script(out_dir, command, env, why)
+    print(f"\n{stop} at {where}: checkpoint written, log ended (run_stop aborted)", file=sys.stderr)
+    print(f"resume with:\n  {shell_line(command, env)}\n(also in {script})", file=sys.stderr, flush=True)

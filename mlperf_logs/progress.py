@@ -1,11 +1,15 @@
-"""What a person watches: a tqdm bar with img/s, loss and lr on a terminal, plain lines elsewhere."""
+"""What a person watches: a tqdm bar with img/s, loss and lr on a terminal, plain lines elsewhere; each epoch's
+line of figures and the run's summary."""
 
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import torch
 from tqdm import tqdm
+
+from mlperf_logs.metrics import EpochMetrics
 
 REFRESH_STEPS = 5  # reading the loss is a host sync, so the display refreshes every few steps
 
@@ -43,3 +47,24 @@ class Progress:
             self._bar = None
         if self.mode != "none":
             print(line, flush=True)
+
+
+def epoch_line(max_epochs: int, row: EpochMetrics) -> str:
+    """The epoch's figures, with the share of its wall time spent waiting for data (and for the all-reduce)."""
+    line = f"epoch {row.epoch:3d}/{max_epochs}  loss {row.train_loss:.4f}  lr {row.lr:<9.4g}"
+    line += f"{row.images_per_s:7.1f} img/s  data wait {row.data_wait:4.0%}"
+    line += f"  all-reduce {row.allreduce:4.0%}" if row.allreduce else ""
+    return line + (f"  eval top-1 {row.eval_accuracy:.4f}" if row.eval_accuracy is not None else "")
+
+
+def print_summary(
+    status: str, accuracy: float | None, epochs: int, minutes: float, out_dir: Path, skipped: dict[str, str]
+) -> None:
+    """The run's end: its status, `epochs` trained, last accuracy, time-to-train, and where its outputs are."""
+    shown = "n/a" if accuracy is None else f"{accuracy:.4f}"
+    unreadable = f"\n{len(skipped)} unreadable files skipped (each reported above)" if skipped else ""
+    print(
+        f"\nrun_stop status {status}: {epochs} epochs, eval top-1 {shown}, "
+        f"time to train {minutes:.2f} min{unreadable}\noutputs: {out_dir}",
+        flush=True,
+    )

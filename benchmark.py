@@ -1,0 +1,42 @@
+"""run.mode=benchmark: time the train step on random in-memory batches (no data, no MLPerf log)."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import torch
+
+import distributed
+from assemble import build_backend, precision_policy, seed_everything, select_device
+from configs.schema import Config
+from data.datasets import dataset_size
+from data.synthetic import SyntheticSpec
+from distributed import Topology
+
+
+def benchmark(cfg: Config, topology: Topology) -> None:
+    """A warm-up step, then run.benchmark_steps timed ones; rank 0 prints the figures and one JSON line."""
+    device = select_device(cfg.device.name, cfg.device.threads, topology.local_rank)
+    seed_everything(cfg.run.seed, topology.rank)
+    classes, _, _ = dataset_size(cfg.data.name, SyntheticSpec(**vars(cfg.data.synthetic)))
+    policy = precision_policy(cfg, device)
+    backend = build_backend(cfg, classes, device, topology, policy)
+    batch, size = cfg.data.global_batch // topology.world_size, cfg.data.image_size
+    images = torch.randint(0, 256, (batch, size, size, 3), dtype=torch.uint8)
+    labels = torch.randint(0, classes, (batch,))
+    lr = cfg.optim.base_lr / 100  # small enough to stay finite however long it runs
+    float(backend.train_step(images, labels, lr))  # warm-up: allocations, kernel selection
+    started = time.perf_counter()
+    losses = [backend.train_step(images, labels, lr) for _ in range(cfg.run.benchmark_steps)]
+    float(torch.stack(losses).sum())  # wait for the device
+    distributed.barrier()
+    images_per_s = cfg.run.benchmark_steps * cfg.data.global_batch / (time.perf_counter() - started)
+    if not topology.is_main:
+        return
+    batches = f"batch {cfg.data.global_batch}" + (f" ({topology.world_size} ranks)" if topology.distributed else "")
+    print(f"precision {policy.describe()}")
+    print(f"{cfg.run.benchmark_steps} steps of {batches} at {size} px on {device}: {images_per_s:.1f} img/s")
+    figures = {"img_s": round(images_per_s, 2), "precision": cfg.precision.name, "batch": cfg.data.global_batch}
+    figures |= {"ranks": topology.world_size, "image_size": size, "optimizer": cfg.optim.name}
+    print(json.dumps({**figures, "device": str(device)}))
