@@ -23,6 +23,9 @@ class Chip:
     streaming_memory_bytes: float  # off-chip DDR per IPU
     streaming_bandwidth: float  # bytes/s between the IPU and its streaming memory
     host_link_bandwidth: float  # bytes/s from the host, per IPU
+    ipus_per_machine: int  # IPUs in one IPU-M2000 or Bow-2000, sharing its IPU-Gateway
+    gateway_bandwidth: float  # bytes/s of one machine's GW-Links to other POD64s, shared by its IPUs
+    ipus_per_pod: int  # IPUs that IPU-Links join (a POD64); larger systems join POD64s through the gateways
 
 
 @dataclass
@@ -32,5 +35,3 @@ class System:
     ipus: int
     hosts: int
     host_cores: int  # CPU cores over all hosts, feeding the loader
-    ipus_per_pod: int = 64  # IPUs joined by IPU-Links; larger systems join POD64s over gateway links
-    gateway_bandwidth: float = 12.5e9  # bytes/s per IPU between POD64s (GW-Links, 100 Gbps)

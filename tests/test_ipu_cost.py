@@ -7,8 +7,9 @@ import dataclasses
 import pytest
 
 from backends.ipu_sim import calibrate
-from backends.ipu_sim.cost import Constants, RunShape, allreduce_s, ring_allreduce_s, step_time
+from backends.ipu_sim.cost import Constants, RunShape, ring_allreduce_s, step_time
 from backends.ipu_sim.profile import ModelProfile
+from configs.hardware import System
 from tests.systems import resnet50_profile, system
 
 
@@ -27,30 +28,61 @@ def split(profile: ModelProfile, stages: int, output_bytes: float = 8e6) -> Mode
     return dataclasses.replace(profile, stages=(*cut, stage))
 
 
-def test_merged_allreduce_beats_per_tensor_more_so_with_more_replicas():
+def with_gateway(system: System, bandwidth: float) -> System:
+    return dataclasses.replace(system, chip=dataclasses.replace(system.chip, gateway_bandwidth=bandwidth))
+
+
+def test_merged_allreduce_beats_per_tensor_by_more_at_256_ipus_than_at_16():
     gaps = []
     for name, replicas in (("ipu_pod16", 16), ("ipu_pod256", 256)):
         merged = step_time(resnet50_profile(), system(name), shape(replicas), Constants())
         per_tensor = step_time(resnet50_profile(), system(name), shape(replicas, merged_allreduce=False), Constants())
         assert merged.total_s < per_tensor.total_s
-        gaps.append(per_tensor.allreduce_s - merged.allreduce_s)
-    assert 0 < gaps[0] < gaps[1]
+        gaps.append(per_tensor.total_s - merged.total_s)
+    assert 0 < 2 * gaps[0] < gaps[1]
 
 
-def test_allreduce_goes_hierarchical_beyond_a_pod64():
+@pytest.mark.parametrize("name", ["ipu_pod256", "bow_pod256"])
+def test_gateway_bandwidth_changes_nothing_within_a_pod64_and_matters_beyond(name):
+    full = system(name)
+    slow = with_gateway(full, full.chip.gateway_bandwidth / 10)
+    for replicas in (16, 64, 128, 256):
+        times = [step_time(resnet50_profile(), s, shape(replicas, 2), Constants()).total_s for s in (full, slow)]
+        if replicas <= 64:
+            assert times[1] == times[0]
+        else:
+            assert times[1] > 1.02 * times[0]
+
+
+def test_beyond_a_pod64_gradients_go_reduce_scatter_gateway_all_gather():
     pod256, constants = system("ipu_pod256"), Constants()
-    slow_gateway = dataclasses.replace(pod256, gateway_bandwidth=pod256.gateway_bandwidth / 10)
-    for replicas, crosses in ((64, False), (128, True)):
-        times = [allreduce_s(resnet50_profile(), s, shape(replicas), constants) for s in (pod256, slow_gateway)]
-        assert (times[1] > times[0]) == crosses
-    grad_bytes, link, latency = (
-        2 * resnet50_profile().param_count,
-        pod256.chip.link_bandwidth,
-        constants.collective_latency_s,
-    )
-    within = ring_allreduce_s(grad_bytes, 64, link, latency, 1)
-    across = ring_allreduce_s(grad_bytes / 64, 2, pod256.gateway_bandwidth, latency, 1)
-    assert allreduce_s(resnet50_profile(), pod256, shape(128), constants) == pytest.approx(within + across)
+    grad_bytes, chip = 2 * resnet50_profile().param_count, pod256.chip
+    for replicas, pods in ((128, 2), (256, 4)):
+        step = step_time(resnet50_profile(), pod256, shape(replicas, 2), constants)
+        # reduce-scatter and all-gather within each POD64: one ring's worth over its 64 replicas
+        assert step.allreduce_s == pytest.approx(
+            ring_allreduce_s(grad_bytes, 64, chip.link_bandwidth, constants.collective_latency_s, 1)
+        )
+        # each IPU's 1/64 shard around the POD64s, at its share of its machine's 2 x 100 Gbps
+        share = chip.gateway_bandwidth * constants.gateway_efficiency / chip.ipus_per_machine
+        assert chip.gateway_bandwidth == 25e9 and chip.ipus_per_machine == 4
+        assert step.gateway_s == pytest.approx(
+            ring_allreduce_s(grad_bytes / 64, pods, share, constants.gateway_latency_s, 1)
+        )
+        assert step.sync_s == 3 * constants.gateway_sync_s
+    within = step_time(resnet50_profile(), pod256, shape(64, 2), constants)
+    assert within.gateway_s == 0 and within.sync_s == 3 * constants.sync_s
+
+
+@pytest.mark.parametrize("name", ["ipu_pod16", "ipu_pod64", "ipu_pod256", "bow_pod256"])
+def test_throughput_per_ipu_falls_as_accumulation_falls(name):
+    ipus = system(name).ipus
+    per_ipu = []
+    for grad_accum in (10, 6, 3, 2, 1):
+        step = step_time(resnet50_profile(), system(name), shape(ipus, grad_accum), Constants())
+        per_ipu.append(shape(ipus, grad_accum).global_batch / step.total_s / ipus)
+    assert per_ipu == sorted(per_ipu, reverse=True) and len(set(per_ipu)) == len(per_ipu)
+    assert per_ipu[-1] < 0.95 * per_ipu[0]  # the fixed costs of an update weigh on one micro-batch
 
 
 def test_pipeline_stages_cost_fill_and_drain():

@@ -12,6 +12,7 @@ from torch import nn
 from backends.ipu_sim.backend import IpuSimBackend
 from backends.ipu_sim.calibrate import POD64
 from backends.ipu_sim.clock import DeviceClock
+from backends.ipu_sim.uncertainty import ASSUMPTIONS
 from configs.schema import Config, ConfigError, validate
 from mlperf_logs.logger import MLPerfLogger
 from tests.conftest import compliance_check, mllog_events, record_margin, run_train
@@ -34,8 +35,25 @@ def test_the_pod64_recipe_is_projected_within_10_percent_of_its_published_result
     assert figures["time_to_train_min"] == pytest.approx(POD64.time_to_train_min, rel=0.10)
     assert figures["epoch_s"] == pytest.approx(1_281_167 / figures["throughput_img_s"], rel=1e-3)
     assert figures["fits"] is True and len(figures["ipu_memory_mb"]) == 1 and figures["ipu_memory_mb"][0] < 900
-    for line in ("IPU memory of one replica, MB (gc200)", "all-reduce (64 replicas)", "time to train (38 epochs)"):
+    for line in (
+        "IPU memory of one replica, MB (gc200)",
+        "all-reduce within POD64s (IPU-Links)",
+        "time to train (38 epochs)",
+    ):
         assert line in stdout
+
+
+def test_a_pod256_recipe_is_projected_with_its_ranges_from_the_command_line(cache_dir):
+    recipe = ("device.replicas=256", "dist.grad_accum=2", "data.global_batch=10240", "run.max_epochs=45")
+    stdout, figures = projected("experiment=mlperf_pod16", "device=bow_pod256", *recipe, cache=cache_dir)
+    low, high = figures["throughput_img_s_range"]
+    assert low < figures["throughput_img_s"] < high
+    first, last = figures["time_to_train_min_range"]
+    assert first < figures["time_to_train_min"] < last
+    assert figures["most_sensitive"] in ASSUMPTIONS
+    assert "bow_pod256: 256 bow IPUs, 16 hosts, 2048 host cores" in stdout
+    assert "all-reduce across POD64s (gateways)" in stdout
+    assert f"most sensitive to {figures['most_sensitive']} = " in stdout
 
 
 @pytest.mark.slow  # tests/test_ipu_cost.py and test_ipu_memory.py check the model and the plan

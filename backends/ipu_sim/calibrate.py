@@ -13,16 +13,20 @@ would only trade one for another. POD64 (published 108,011 img/s, 8.504 min) is 
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
 from dataclasses import dataclass
+from functools import partial
 
 from hydra import compose, initialize_config_module
+from hydra.core.global_hydra import GlobalHydra
 from omegaconf import OmegaConf
 
 from backends.ipu_sim.cost import Constants, Projection, RunShape, evaluation_s, evaluations, project, step_time
 from backends.ipu_sim.plan import Layout, plan_run
 from backends.ipu_sim.profile import ModelProfile
+from backends.ipu_sim.uncertainty import ASSUMPTIONS, Interval, Refit, describe, interval
 from configs.hardware import System
 from configs.schema import register
 from models import batchnorm, build_resnet50
@@ -49,6 +53,7 @@ class Published:
 RECIPE = Layout(replicas=16, micro_batch=20, grad_accum=10, image_size=224, recompute="auto", device_iterations=100)
 POD16 = Published("ipu_pod16", RECIPE, 38, 29_541, 28.335)
 POD64 = Published("ipu_pod64", dataclasses.replace(RECIPE, replicas=64, grad_accum=3), 38, 108_011, 8.504)
+FITTED = ("compute_efficiency", "eval_overhead_s", "run_overhead_s")
 POD16_EVAL_S = 25.0  # ipu.md: evaluation of the saved checkpoints after training, "about 25 s on POD16"
 
 
@@ -97,6 +102,8 @@ def project_published(profile: ModelProfile, system: System, published: Publishe
 def load_system(name: str) -> System:
     """configs/device/<name>.yaml with its chip, composed by Hydra as a run would."""
     register()
+    if GlobalHydra.instance().is_initialized():  # inside a run (run.mode=project): its config search path
+        return OmegaConf.to_object(compose("config", overrides=[f"device={name}"]).device).system
     with initialize_config_module("configs", version_base="1.3"):
         cfg = compose("config", overrides=[f"device={name}"])
     return OmegaConf.to_object(cfg.device).system
@@ -107,39 +114,122 @@ def error(projected: float, published: float) -> float:
     return 100 * (projected / published - 1)
 
 
-def main() -> None:
-    systems = {published.system: load_system(published.system) for published in (POD16, POD64)}
-    profile = resnet50_profile(systems[POD16.system])
-    constants = fit(profile, systems[POD16.system], Constants())
+SYSTEMS = {
+    "gc200": ("ipu_pod16", "ipu_pod64", "ipu_pod128", "ipu_pod256"),
+    "bow": ("bow_pod16", "bow_pod64", "bow_pod128", "bow_pod256"),
+}
+
+
+def print_constants(constants: Constants) -> None:
     print("fitted on ipu_pod16 (MLPerf Training v1.1, ResNet-50):")
     for name in ("compute_efficiency", "eval_overhead_s", "run_overhead_s"):
         print(f"  {name} = {getattr(constants, name):.4g}")
-    print("assumed:")
-    for name in ("memory_efficiency", "collective_latency_s", "loader_img_s_per_core", "host_sync_s"):
-        print(f"  {name} = {getattr(constants, name):.4g}")
+    print("assumed, with the range each projection is repeated over (backends/ipu_sim/uncertainty.py):")
+    for name, assumption in ASSUMPTIONS.items():
+        print(f"  {describe(name, assumption, getattr(constants, name))}: {assumption.reason}")
     print()
-    header = f"{'system':<10} {'b x K x R':>10} {'img/s':>9} {'published':>10} {'error':>7}"
-    print(header + f" {'TTT min':>8} {'published':>10} {'error':>7}   step ms: compute allreduce update sync host")
-    summary = {name: getattr(constants, name) for name in ("compute_efficiency", "eval_overhead_s", "run_overhead_s")}
+
+
+def range_figures(projection: Projection, interval: Interval) -> dict[str, object]:
+    """A projection's figures and their ranges, rounded for a JSON line."""
+    return {
+        "throughput_img_s": round(projection.throughput_img_s),
+        "throughput_img_s_range": [round(value) for value in interval.throughput_img_s],
+        "time_to_train_min": round(projection.time_to_train_min, 3),
+        "time_to_train_min_range": [round(value, 3) for value in interval.time_to_train_min],
+        "most_sensitive": interval.most_sensitive,
+    }
+
+
+def print_calibration(profile: ModelProfile, constants: Constants, refit: Refit) -> None:
+    """The fit, and the POD64 prediction with its range beside the published figures."""
+    print_constants(constants)
+    print(f"{'system':<10} {'b x K x R':>10} {'img/s':>9} {'range':>17} {'published':>10} {'error':>7}", end="")
+    print(f" {'TTT min':>8} {'range':>15} {'published':>10} {'error':>7}")
+    summary: dict[str, object] = {name: getattr(constants, name) for name in FITTED}
     for published in (POD16, POD64):
-        p = project_published(profile, systems[published.system], published, constants)
-        shape, step = published.shape, p.step
-        throughput_error = error(p.throughput_img_s, published.throughput_img_s)
-        ttt_error = error(p.time_to_train_min, published.time_to_train_min)
-        batch = f"{shape.micro_batch}x{shape.grad_accum}x{shape.replicas}"
+        system = load_system(published.system)
+        projection = project_published(profile, system, published, constants)
+        spread = interval(partial(project_published, profile, system, published), refit, constants)
+        throughput_error = error(projection.throughput_img_s, published.throughput_img_s)
+        ttt_error = error(projection.time_to_train_min, published.time_to_train_min)
+        shape = published.shape
+        low, high = spread.throughput_img_s
+        first, last = spread.time_to_train_min
         print(
-            f"{published.system:<10} {batch:>10} {p.throughput_img_s:>9,.0f} {published.throughput_img_s:>10,.0f}"
-            f" {throughput_error:>+6.1f}% {p.time_to_train_min:>8.3f} {published.time_to_train_min:>10.3f}"
-            f" {ttt_error:>+6.1f}%   {1e3 * step.compute_s:>15.2f} {1e3 * step.allreduce_s:>9.2f}"
-            f" {1e3 * step.update_s:>6.3f} {1e3 * step.host_sync_s:>4.2f} {1e3 * step.host_feed_s:>4.1f}"
+            f"{published.system:<10} {f'{shape.micro_batch}x{shape.grad_accum}x{shape.replicas}':>10}"
+            f" {projection.throughput_img_s:>9,.0f} {f'{low:,.0f}-{high:,.0f}':>17}"
+            f" {published.throughput_img_s:>10,.0f} {throughput_error:>+6.1f}%"
+            f" {projection.time_to_train_min:>8.3f} {f'{first:.3f}-{last:.3f}':>15}"
+            f" {published.time_to_train_min:>10.3f} {ttt_error:>+6.1f}%"
         )
-        summary[published.system] = {
-            "throughput_img_s": round(p.throughput_img_s),
+        summary[published.system] = range_figures(projection, spread) | {
             "throughput_error_pct": round(throughput_error, 2),
-            "time_to_train_min": round(p.time_to_train_min, 3),
             "time_to_train_error_pct": round(ttt_error, 2),
         }
     print(json.dumps(summary))
+
+
+STEP_TERMS = ("compute", "allreduce", "gateway", "update", "sync", "host_feed")  # StepTime's fields, less "_s"
+
+
+def scaled(
+    profile: ModelProfile, system: System, constants: Constants, refit: Refit, grad_accum: int, epochs: float
+) -> tuple[Projection, Interval]:
+    """The recipe's micro-batch with `grad_accum` micro-batches per update, one replica per IPU of `system`."""
+    shape = dataclasses.replace(RECIPE, replicas=system.ipus, grad_accum=grad_accum).shape()
+
+    def at(assumed: Constants) -> Projection:
+        return project(profile, system, shape, assumed, epochs=epochs)
+
+    return at(constants), interval(at, refit, constants)
+
+
+def print_scaling(profile: ModelProfile, constants: Constants, refit: Refit, grad_accum: int, epochs: float) -> None:
+    """One recipe shape (20 images x K per replica, one IPU each) on every system of both chips: throughput per
+    IPU, time-to-train and every step-time component, so where efficiency goes with size shows."""
+    print_constants(constants)
+    print(f"scaling: 20 images x {grad_accum} micro-batches per replica, one IPU per replica, {epochs:g} epochs")
+    header = f"{'system':<11} {'IPUs':>4} {'img/s/IPU':>9} {'range':>11} {'vs 16':>6} {'TTT min':>7} {'range':>11}"
+    print(header + "   step ms:" + "".join(f"{term:>10}" for term in STEP_TERMS))
+    summary: dict[str, object] = {}
+    for names in SYSTEMS.values():
+        smallest = None
+        for name in names:
+            system = load_system(name)
+            projection, spread = scaled(profile, system, constants, refit, grad_accum, epochs)
+            per_ipu = projection.throughput_img_s / system.ipus
+            smallest = smallest or per_ipu
+            low, high = (value / system.ipus for value in spread.throughput_img_s)
+            first, last = spread.time_to_train_min
+            step_ms = {term: 1e3 * getattr(projection.step, f"{term}_s") for term in STEP_TERMS}
+            print(
+                f"{name:<11} {system.ipus:>4} {per_ipu:>9,.0f} {f'{low:,.0f}-{high:,.0f}':>11}"
+                f" {per_ipu / smallest:>6.3f} {projection.time_to_train_min:>7.2f} {f'{first:.2f}-{last:.2f}':>11}"
+                + " " * 13
+                + "".join(f"{value:>10.3f}" for value in step_ms.values())
+            )
+            summary[name] = range_figures(projection, spread) | {
+                "img_s_per_ipu": round(per_ipu, 1),
+                "step_ms": {term: round(value, 4) for term, value in step_ms.items()},
+            }
+    print(json.dumps(summary))
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--scaling", action="store_true", help="project 16 to 256 IPUs of both chips")
+    parser.add_argument("--grad-accum", type=int, default=2, help="micro-batches per update in --scaling")
+    parser.add_argument("--epochs", type=float, default=38, help="epochs to train in --scaling")
+    args = parser.parse_args(argv)
+    pod16 = load_system(POD16.system)
+    profile = resnet50_profile(pod16)
+    constants = fit(profile, pod16, Constants())
+    refit = partial(fit, profile, pod16)
+    if args.scaling:
+        print_scaling(profile, constants, refit, args.grad_accum, args.epochs)
+    else:
+        print_calibration(profile, constants, refit)
 
 
 if __name__ == "__main__":

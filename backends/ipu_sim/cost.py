@@ -34,17 +34,22 @@ class RunShape:
 
 @dataclass(frozen=True)
 class Constants:
-    """The free constants. Defaults: as `python -m backends.ipu_sim.calibrate` fits them to the POD16 result
-    (compute_efficiency, eval_overhead_s, run_overhead_s) or as assumed there (the rest, which the POD16 figures
-    cannot pin down)."""
+    """The free constants. Three are fitted to the POD16 result by `python -m backends.ipu_sim.calibrate`
+    (compute_efficiency, eval_overhead_s, run_overhead_s); the rest are assumed, each with the range and reason
+    in backends/ipu_sim/uncertainty.py, because POD16's one layout cannot tell them from compute."""
 
-    compute_efficiency: float = 0.2412  # fraction of the fp16/fp32 peak reached; fitted to POD16 throughput
-    memory_efficiency: float = 0.5  # fraction of SRAM bandwidth reached; assumed (ResNet-50 is compute-bound)
-    collective_latency_s: float = 10e-6  # per ring step per collective: a cross-IPU sync and a transfer; assumed
+    compute_efficiency: float = 0.2446  # fraction of the fp16/fp32 peak reached; fitted to POD16 throughput
+    memory_efficiency: float = 0.5  # fraction of SRAM bandwidth reached
+    collective_latency_s: float = 10e-6  # per ring step over IPU-Links: a cross-IPU sync and a transfer
+    gateway_latency_s: float = 12e-6  # per ring step between POD64s: IPU to gateway, GW-Link, gateway to IPU
+    gateway_efficiency: float = 0.8  # fraction of the GW-Links' line rate a collective reaches
+    sync_s: float = 1e-6  # one sync of every IPU in the IPU-Link domain (one POD64 or less)
+    gateway_sync_s: float = 12e-6  # one sync that spans POD64s, relayed by the gateways
+    update_overhead_s: float = 1.5e-3  # the weight update program's fixed cost beyond its memory traffic
     # bench.loader measured 1298 img/s with 2 workers, 649 per worker (fused decoder, 224 px, 500x375 q90 JPEGs,
     # one 2.1 GHz Xeon core each, 2026-11-22; docs/data.md has the latest run)
     loader_img_s_per_core: float = 649.0
-    host_sync_s: float = 1e-3  # one host round trip (stream callbacks, engine run) per device_iterations; assumed
+    host_sync_s: float = 1e-3  # one host round trip (stream callbacks, engine run) per device_iterations
     eval_overhead_s: float = 1.898  # per evaluation beyond its forward passes; fitted to POD16's 25 s of evaluation
     run_overhead_s: float = 27.07  # per run, inside the timed region; fitted to POD16 time-to-train
 
@@ -55,14 +60,24 @@ class StepTime:
 
     compute_s: float  # (K + S - 1) pipeline cycles of the slowest stage: fill and drain included
     exchange_s: float  # activations and their gradients between pipeline stages, over IPU-Links
-    allreduce_s: float  # gradients across replicas
+    allreduce_s: float  # gradients across replicas over IPU-Links (the whole ring, or reduce-scatter + all-gather)
+    gateway_s: float  # each shard all-reduced across POD64s over the gateways (0 within one POD64)
     update_s: float  # the optimizer step
+    sync_s: float  # the system-wide syncs that separate accumulation, collective and update
     host_sync_s: float  # this step's share of a host round trip
     host_feed_s: float  # the host decoding and sending this step's images
 
     @property
     def device_s(self) -> float:
-        return self.compute_s + self.exchange_s + self.allreduce_s + self.update_s + self.host_sync_s
+        return (
+            self.compute_s
+            + self.exchange_s
+            + self.allreduce_s
+            + self.gateway_s
+            + self.update_s
+            + self.sync_s
+            + self.host_sync_s
+        )
 
     @property
     def total_s(self) -> float:
@@ -117,37 +132,80 @@ def exchange_s(profile: ModelProfile, system: System) -> float:
 
 
 def ring_allreduce_s(nbytes: float, ranks: int, bandwidth: float, latency_s: float, collectives: int) -> float:
-    """Ring all-reduce: each rank sends 2(n-1)/n of the data, in 2(n-1) steps per collective."""
+    """Ring all-reduce: a reduce-scatter then an all-gather, each rank sending (n-1)/n of the data in n-1 steps
+    per phase, each step paying `latency_s` per collective."""
     steps = 2 * (ranks - 1)
     return steps / ranks * nbytes / bandwidth + latency_s * collectives * steps
 
 
-def allreduce_s(profile: ModelProfile, system: System, shape: RunShape, constants: Constants) -> float:
-    """Gradients across replicas; beyond one POD, a ring within each POD then one across PODs over gateway links.
+def pods(system: System, shape: RunShape, stages: int) -> int:
+    """IPU-Link domains (POD64s) the run spans: IPU-Links join at most `ipus_per_pod` IPUs."""
+    return math.ceil(shape.replicas * stages / system.chip.ipus_per_pod)
 
-    Stages reduce their own gradients concurrently, so the largest stage sets the bytes; per-tensor counts per
-    stage are not profiled, so per-tensor collectives count the whole model's tensors (an upper bound)."""
-    grad_bytes = max(stage.param_count for stage in profile.stages) * (2 if shape.fp16 else 4)
-    collectives = 1 if shape.merged_allreduce else profile.gradient_tensors
-    latency, link = constants.collective_latency_s, system.chip.link_bandwidth
-    pods = math.ceil(shape.replicas * len(profile.stages) / system.ipus_per_pod)
-    if pods == 1:
-        return ring_allreduce_s(grad_bytes, shape.replicas, link, latency, collectives)
-    per_pod = math.ceil(shape.replicas / pods)
-    within = ring_allreduce_s(grad_bytes, per_pod, link, latency, collectives)
-    across = ring_allreduce_s(grad_bytes / per_pod, pods, system.gateway_bandwidth, latency, collectives)
-    return within + across
+
+def gradient_bytes(profile: ModelProfile, shape: RunShape) -> float:
+    """Stages reduce their own gradients concurrently, so the largest stage sets the bytes."""
+    return max(stage.param_count for stage in profile.stages) * (2 if shape.fp16 else 4)
+
+
+def collectives(profile: ModelProfile, shape: RunShape) -> int:
+    """One merged collective, or one per gradient tensor. Per-tensor counts per stage are not profiled, so every
+    stage counts the whole model's tensors (an upper bound)."""
+    return 1 if shape.merged_allreduce else profile.gradient_tensors
+
+
+def allreduce_s(profile: ModelProfile, system: System, shape: RunShape, constants: Constants) -> float:
+    """The IPU-Link phases: one ring over the replicas within one POD64; beyond it, GCL's reduce-scatter within
+    each POD64 before the gateway phase and its all-gather after (Graphcore, IPU-POD128/256 and GCL docs,
+    docs/ipu_sim.md), together one ring's worth over each POD's replicas."""
+    per_pod = math.ceil(shape.replicas / pods(system, shape, len(profile.stages)))
+    return ring_allreduce_s(
+        gradient_bytes(profile, shape),
+        per_pod,
+        system.chip.link_bandwidth,
+        constants.collective_latency_s,
+        collectives(profile, shape),
+    )
+
+
+def gateway_share(system: System, constants: Constants) -> float:
+    """Bytes/s one IPU gets across POD64s: its machine's GW-Links (2 x 100 Gbps per IPU-M2000 or Bow-2000) are
+    shared by the machine's IPUs, at the efficiency a collective reaches."""
+    return system.chip.gateway_bandwidth * constants.gateway_efficiency / system.chip.ipus_per_machine
+
+
+def gateway_s(profile: ModelProfile, system: System, shape: RunShape, constants: Constants) -> float:
+    """The cross-POD phase: after the reduce-scatter each IPU holds 1/n of the gradients, and the POD64s
+    all-reduce those shards in a ring over the gateways, every IPU's shard at once (0 within one POD64)."""
+    spanned = pods(system, shape, len(profile.stages))
+    if spanned == 1:
+        return 0.0
+    shard = gradient_bytes(profile, shape) / math.ceil(shape.replicas / spanned)
+    return ring_allreduce_s(
+        shard, spanned, gateway_share(system, constants), constants.gateway_latency_s, collectives(profile, shape)
+    )
+
+
+SYNCS_PER_UPDATE = 3  # the accumulation loop ends, the collective ends, the update ends: each a program switch
+
+
+def sync_s(profile: ModelProfile, system: System, shape: RunShape, constants: Constants) -> float:
+    """The system-wide syncs between the programs of one weight update; across POD64s a sync goes through the
+    gateways and costs what a gateway sync costs."""
+    spanned = pods(system, shape, len(profile.stages))
+    return SYNCS_PER_UPDATE * (constants.sync_s if spanned == 1 else constants.gateway_sync_s)
 
 
 def update_s(profile: ModelProfile, system: System, shape: RunShape, constants: Constants) -> float:
-    """The optimizer reads the gradient and reads and writes weights and momentum; momentum may live off chip."""
+    """The optimizer reads the gradient and reads and writes weights and momentum (momentum may live off chip),
+    plus the update program's fixed cost: its per-tensor compute sets and the syncs between them."""
     params = max(stage.param_count for stage in profile.stages)
     grad = 2 if shape.fp16 else 4
     weights = momentum = 2 * (4 if shape.fp32_master or not shape.fp16 else 2)  # read and written back
     on_chip = grad + weights + (0 if shape.optimizer_in_streaming else momentum)
     sram = params * on_chip / (system.chip.sram_bandwidth * constants.memory_efficiency)
     streamed = params * momentum / system.chip.streaming_bandwidth if shape.optimizer_in_streaming else 0.0
-    return sram + streamed
+    return sram + streamed + constants.update_overhead_s
 
 
 def host_feed_s(profile: ModelProfile, system: System, shape: RunShape, constants: Constants) -> float:
@@ -166,7 +224,9 @@ def step_time(profile: ModelProfile, system: System, shape: RunShape, constants:
         compute_s=cycles * max(stage_s(stage, system, shape, constants) for stage in profile.stages),
         exchange_s=cycles * exchange_s(profile, system),
         allreduce_s=allreduce_s(profile, system, shape, constants),
+        gateway_s=gateway_s(profile, system, shape, constants),
         update_s=update_s(profile, system, shape, constants),
+        sync_s=sync_s(profile, system, shape, constants),
         host_sync_s=constants.host_sync_s / shape.device_iterations,
         host_feed_s=host_feed_s(profile, system, shape, constants),
     )
@@ -219,8 +279,10 @@ def report(projection: Projection, shape: RunShape, stages: int, epochs: float) 
     terms = {
         f"compute ({pipeline_cycles(stages, shape.grad_accum)} pipeline cycles)": step.compute_s,
         "exchange between stages": step.exchange_s,
-        f"all-reduce ({shape.replicas} replicas)": step.allreduce_s,
+        "all-reduce within POD64s (IPU-Links)": step.allreduce_s,
+        "all-reduce across POD64s (gateways)": step.gateway_s,
         "weight update": step.update_s,
+        f"system syncs ({SYNCS_PER_UPDATE} per update)": step.sync_s,
         f"host sync (1 per {shape.device_iterations} steps)": step.host_sync_s,
     }
     batch = f"{shape.micro_batch} x {shape.grad_accum} x {shape.replicas} replicas = {shape.global_batch} images"

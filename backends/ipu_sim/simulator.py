@@ -6,14 +6,16 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
 
 from torch import nn
 
-from backends.ipu_sim import cost, pipeline
+from backends.ipu_sim import calibrate, cost, pipeline, uncertainty
 from backends.ipu_sim.clock import DeviceClock
 from backends.ipu_sim.cost import Constants, Projection
 from backends.ipu_sim.memory import OutOfMemory
 from backends.ipu_sim.plan import Layout, Plan, plan_run
+from backends.ipu_sim.uncertainty import Interval
 from configs.hardware import System
 
 
@@ -50,29 +52,43 @@ def clock(planned: Plan, system: System, announce: bool) -> DeviceClock:
 
 
 def project(planned: Plan, system: System, workload: Workload) -> None:
-    """Print the system's memory plan, the step time by component, and the projected epoch and time-to-train."""
-    projected = cost.project(
-        planned.profile,
-        system,
-        planned.layout.shape(),
-        Constants(),
-        epochs=workload.epochs,
-        train_images=workload.train_images,
-        eval_images=workload.eval_images,
-        eval_every=workload.eval_every,
-    )
-    print_projection(planned, system, projected, workload.epochs)
+    """Print the system's memory plan, the step time by component, and the projected epoch and time-to-train,
+    with the range the assumed constants allow, each corner refitted to POD16 as the central value is."""
+    pod16 = calibrate.load_system(calibrate.POD16.system)
+    refit = partial(calibrate.fit, calibrate.resnet50_profile(pod16), pod16)
+    shape = planned.layout.shape()
+
+    def at(constants: Constants) -> Projection:
+        return cost.project(
+            planned.profile,
+            system,
+            shape,
+            constants,
+            epochs=workload.epochs,
+            train_images=workload.train_images,
+            eval_images=workload.eval_images,
+            eval_every=workload.eval_every,
+        )
+
+    central = refit(Constants())
+    print_projection(planned, system, at(central), uncertainty.interval(at, refit, central), central, workload.epochs)
 
 
-def print_projection(planned: Plan, system: System, projected: Projection, epochs: int) -> None:
-    """The system, the memory table, the cost model's report, and last one JSON line of figures."""
+def print_projection(
+    planned: Plan, system: System, projected: Projection, spread: Interval, central: Constants, epochs: int
+) -> None:
+    """The system, the memory table, the cost model's report and its ranges, and last one JSON line of figures."""
     print(f"{system.name}: {system.ipus} {system.chip.name} IPUs, {system.hosts} hosts, {system.host_cores} host cores")
     print(f"{planned.memory.table()}\n{planned.memory.suggestion()}\n")
     print(cost.report(projected, planned.layout.shape(), len(planned.profile.stages), epochs))
+    print(uncertainty.report(spread, central))
     figures = {
         "throughput_img_s": round(projected.throughput_img_s, 1),
+        "throughput_img_s_range": [round(value, 1) for value in spread.throughput_img_s],
         "epoch_s": round(projected.epoch_s, 3),
         "time_to_train_min": round(projected.time_to_train_min, 3),
+        "time_to_train_min_range": [round(value, 3) for value in spread.time_to_train_min],
+        "most_sensitive": spread.most_sensitive,
         "ipu_memory_mb": [round(row.total_mb, 1) for row in planned.memory.rows],
         "fits": planned.memory.fits,
     }
