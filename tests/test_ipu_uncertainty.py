@@ -61,6 +61,7 @@ def test_the_fitted_pod16_result_has_no_spread():
     _, spread = scaled("ipu_pod16", grad_accum=calibrate.POD16.shape.grad_accum)
     low, high = spread.throughput_img_s
     assert high == pytest.approx(low, rel=1e-6) == pytest.approx(calibrate.POD16.throughput_img_s, rel=1e-6)
+    assert spread.most_sensitive is None
 
 
 def test_a_wider_assumption_widens_the_interval_and_becomes_the_most_sensitive():

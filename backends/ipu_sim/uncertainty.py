@@ -65,7 +65,7 @@ class Interval:
 
     throughput_img_s: tuple[float, float]
     time_to_train_min: tuple[float, float]
-    most_sensitive: str
+    most_sensitive: str | None  # None where no assumption moves it (the layout the constants are fitted to)
     sensitive_time_to_train_min: tuple[float, float]  # time-to-train at that assumption's low and high end
 
 
@@ -101,10 +101,12 @@ def interval(
         for name, assumption in assumptions.items()
     }
     most_sensitive = max(swings, key=lambda name: abs(swings[name][1] - swings[name][0]))
+    low, high = swings[most_sensitive]
+    moved = abs(high - low) > 1e-3 * high
     return Interval(
         (min(throughputs), max(throughputs)),
         (min(times), max(times)),
-        most_sensitive,
+        most_sensitive if moved else None,
         swings[most_sensitive],
     )
 
@@ -117,14 +119,13 @@ def describe(name: str, assumption: Assumption, value: float) -> str:
 
 def report(interval: Interval, central: Constants, assumptions: Mapping[str, Assumption] = ASSUMPTIONS) -> str:
     """The ranges, as run.mode=project prints them under the central projection."""
-    name = interval.most_sensitive
-    low, high = interval.sensitive_time_to_train_min
+    name, (low, high) = interval.most_sensitive, interval.sensitive_time_to_train_min
     ranges = (
         f"over the assumed ranges: throughput {interval.throughput_img_s[0]:,.0f} to "
         f"{interval.throughput_img_s[1]:,.0f} img/s, time to train {interval.time_to_train_min[0]:.3f} to "
         f"{interval.time_to_train_min[1]:.3f} min"
     )
-    if abs(high - low) < 1e-3 * max(low, high):
+    if name is None:
         return f"{ranges}\nno assumption moves it: this is the layout the constants are fitted to"
     swing = f"most sensitive to {describe(name, assumptions[name], getattr(central, name))}"
     return f"{ranges}\n{swing}: time to train {low:.3f} to {high:.3f} min alone; {assumptions[name].reason}"
