@@ -1,8 +1,9 @@
 """How long a weight update, an epoch and a whole MLPerf run take on a simulated IPU system.
 
 A handful of formulas over a ModelProfile (FLOPs and bytes per stage, measured from the real model) and a System
-(chip rates, links, hosts), with a few efficiency constants that calibrate.py fits to Graphcore's published
-results. Each term is one small function; the step takes the slower of the device and the host that feeds it.
+(chip rates, links, gateways, hosts), with constants of which calibrate.py fits three to Graphcore's POD16 result
+and uncertainty.py gives the rest ranges. Each term is one small function; the step takes the slower of the
+device and the host that feeds it.
 """
 
 from __future__ import annotations
@@ -155,9 +156,12 @@ def collectives(profile: ModelProfile, shape: RunShape) -> int:
 
 
 def allreduce_s(profile: ModelProfile, system: System, shape: RunShape, constants: Constants) -> float:
-    """The IPU-Link phases: one ring over the replicas within one POD64; beyond it, GCL's reduce-scatter within
-    each POD64 before the gateway phase and its all-gather after (Graphcore, IPU-POD128/256 and GCL docs,
-    docs/ipu_sim.md), together one ring's worth over each POD's replicas."""
+    """The IPU-Link phases: one ring over the replicas within one POD64; beyond it, a reduce-scatter within each
+    POD64 before the gateway phase and an all-gather after, together one ring's worth over each POD's replicas.
+
+    GCL runs collectives on the IPUs "over the IPU-Links and GW-Links" (graphcore/tensorflow,
+    docs/distributed_training.rst), "syncful over IPU-Links and syncless over gw links" (Poplar 2.4 GCL
+    options); the three-phase split is the hierarchical all-reduce those two link classes imply."""
     per_pod = math.ceil(shape.replicas / pods(system, shape, len(profile.stages)))
     return ring_allreduce_s(
         gradient_bytes(profile, shape),
@@ -169,8 +173,9 @@ def allreduce_s(profile: ModelProfile, system: System, shape: RunShape, constant
 
 
 def gateway_share(system: System, constants: Constants) -> float:
-    """Bytes/s one IPU gets across POD64s: its machine's GW-Links (2 x 100 Gbps per IPU-M2000 or Bow-2000) are
-    shared by the machine's IPUs, at the efficiency a collective reaches."""
+    """Bytes/s one IPU gets across POD64s: its machine's GW-Links are shared by the machine's IPUs, at the
+    efficiency a collective reaches. "GW-Link - 2x 100Gbps Gateway-Links for communication between Bow Pods"
+    (docs.graphcore.ai, Bow-2000 datasheet); the IPU-M2000 has the same two 100 GbE GW-Link ports."""
     return system.chip.gateway_bandwidth * constants.gateway_efficiency / system.chip.ipus_per_machine
 
 
