@@ -13,7 +13,7 @@ import backends
 import distributed
 from backends.ipu_sim import simulator
 from configs.schema import Config, ConfigError
-from data.datasets import open_dataset
+from data.datasets import dataset_size, open_dataset
 from data.loader import Crops, Loader, build_loader
 from data.sampler import ShardedSampler
 from data.split import Split
@@ -60,6 +60,11 @@ def precision_policy(cfg: Config, device: torch.device) -> Policy:
         growth_interval=p.growth_interval,
         emulate=emulates(p.compute, p.emulate, device.type),
     )
+
+
+def dataset_shape(cfg: Config) -> tuple[int, int, int]:
+    """Classes, training and validation images of the configured dataset, without reading it."""
+    return dataset_size(cfg.data.name, SyntheticSpec(**vars(cfg.data.synthetic)))
 
 
 def open_splits(cfg: Config, topology: Topology) -> tuple[Split, Split]:

@@ -8,10 +8,8 @@ import time
 import torch
 
 import distributed
-from assemble import build_backend, precision_policy, seed_everything, select_device
+from assemble import build_backend, dataset_shape, precision_policy, seed_everything, select_device
 from configs.schema import Config
-from data.datasets import dataset_size
-from data.synthetic import SyntheticSpec
 from distributed import Topology
 
 
@@ -19,7 +17,7 @@ def benchmark(cfg: Config, topology: Topology) -> None:
     """A warm-up step, then run.benchmark_steps timed ones; rank 0 prints the figures and one JSON line."""
     device = select_device(cfg.device.name, cfg.device.threads, topology.local_rank)
     seed_everything(cfg.run.seed, topology.rank)
-    classes, _, _ = dataset_size(cfg.data.name, SyntheticSpec(**vars(cfg.data.synthetic)))
+    classes, _, _ = dataset_shape(cfg)
     policy = precision_policy(cfg, device)
     backend = build_backend(cfg, classes, device, topology, policy)
     batch, size = cfg.data.global_batch // topology.world_size, cfg.data.image_size

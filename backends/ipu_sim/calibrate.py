@@ -14,6 +14,7 @@ would only trade one for another. POD64 (published 108,011 img/s, 8.504 min) is 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 from dataclasses import dataclass
@@ -26,7 +27,7 @@ from omegaconf import OmegaConf
 from backends.ipu_sim.cost import Constants, Projection, RunShape, evaluation_s, evaluations, project, step_time
 from backends.ipu_sim.plan import Layout, plan_run
 from backends.ipu_sim.profile import ModelProfile
-from backends.ipu_sim.uncertainty import ASSUMPTIONS, Interval, Refit, describe, interval
+from backends.ipu_sim.uncertainty import ASSUMPTIONS, Interval, Refit, describe, figures, interval
 from configs.hardware import System
 from configs.schema import register
 from models import batchnorm, build_resnet50
@@ -102,9 +103,8 @@ def project_published(profile: ModelProfile, system: System, published: Publishe
 def load_system(name: str) -> System:
     """configs/device/<name>.yaml with its chip, composed by Hydra as a run would."""
     register()
-    if GlobalHydra.instance().is_initialized():  # inside a run (run.mode=project): its config search path
-        return OmegaConf.to_object(compose("config", overrides=[f"device={name}"]).device).system
-    with initialize_config_module("configs", version_base="1.3"):
+    inside_a_run = GlobalHydra.instance().is_initialized()  # run.mode=project: compose on the run's search path
+    with contextlib.nullcontext() if inside_a_run else initialize_config_module("configs", version_base="1.3"):
         cfg = compose("config", overrides=[f"device={name}"])
     return OmegaConf.to_object(cfg.device).system
 
@@ -122,23 +122,12 @@ SYSTEMS = {
 
 def print_constants(constants: Constants) -> None:
     print("fitted on ipu_pod16 (MLPerf Training v1.1, ResNet-50):")
-    for name in ("compute_efficiency", "eval_overhead_s", "run_overhead_s"):
+    for name in FITTED:
         print(f"  {name} = {getattr(constants, name):.4g}")
     print("assumed, with the range each projection is repeated over (backends/ipu_sim/uncertainty.py):")
     for name, assumption in ASSUMPTIONS.items():
         print(f"  {describe(name, assumption, getattr(constants, name))}: {assumption.reason}")
     print()
-
-
-def range_figures(projection: Projection, interval: Interval) -> dict[str, object]:
-    """A projection's figures and their ranges, rounded for a JSON line."""
-    return {
-        "throughput_img_s": round(projection.throughput_img_s),
-        "throughput_img_s_range": [round(value) for value in interval.throughput_img_s],
-        "time_to_train_min": round(projection.time_to_train_min, 3),
-        "time_to_train_min_range": [round(value, 3) for value in interval.time_to_train_min],
-        "most_sensitive": interval.most_sensitive,
-    }
 
 
 def print_calibration(profile: ModelProfile, constants: Constants, refit: Refit) -> None:
@@ -149,8 +138,8 @@ def print_calibration(profile: ModelProfile, constants: Constants, refit: Refit)
     summary: dict[str, object] = {name: getattr(constants, name) for name in FITTED}
     for published in (POD16, POD64):
         system = load_system(published.system)
-        projection = project_published(profile, system, published, constants)
         spread = interval(partial(project_published, profile, system, published), refit, constants)
+        projection = spread.central
         throughput_error = error(projection.throughput_img_s, published.throughput_img_s)
         ttt_error = error(projection.time_to_train_min, published.time_to_train_min)
         shape = published.shape
@@ -163,7 +152,7 @@ def print_calibration(profile: ModelProfile, constants: Constants, refit: Refit)
             f" {projection.time_to_train_min:>8.3f} {f'{first:.3f}-{last:.3f}':>15}"
             f" {published.time_to_train_min:>10.3f} {ttt_error:>+6.1f}%"
         )
-        summary[published.system] = range_figures(projection, spread) | {
+        summary[published.system] = figures(spread) | {
             "throughput_error_pct": round(throughput_error, 2),
             "time_to_train_error_pct": round(ttt_error, 2),
         }
@@ -175,14 +164,14 @@ STEP_TERMS = ("compute", "allreduce", "gateway", "update", "sync", "host_feed") 
 
 def scaled(
     profile: ModelProfile, system: System, constants: Constants, refit: Refit, grad_accum: int, epochs: float
-) -> tuple[Projection, Interval]:
+) -> Interval:
     """The recipe's micro-batch with `grad_accum` micro-batches per update, one replica per IPU of `system`."""
     shape = dataclasses.replace(RECIPE, replicas=system.ipus, grad_accum=grad_accum).shape()
 
     def at(assumed: Constants) -> Projection:
         return project(profile, system, shape, assumed, epochs=epochs)
 
-    return at(constants), interval(at, refit, constants)
+    return interval(at, refit, constants)
 
 
 def print_scaling(profile: ModelProfile, constants: Constants, refit: Refit, grad_accum: int, epochs: float) -> None:
@@ -197,7 +186,8 @@ def print_scaling(profile: ModelProfile, constants: Constants, refit: Refit, gra
         smallest = None
         for name in names:
             system = load_system(name)
-            projection, spread = scaled(profile, system, constants, refit, grad_accum, epochs)
+            spread = scaled(profile, system, constants, refit, grad_accum, epochs)
+            projection = spread.central
             per_ipu = projection.throughput_img_s / system.ipus
             smallest = smallest or per_ipu
             low, high = (value / system.ipus for value in spread.throughput_img_s)
@@ -209,7 +199,7 @@ def print_scaling(profile: ModelProfile, constants: Constants, refit: Refit, gra
                 + " " * 13
                 + "".join(f"{value:>10.3f}" for value in step_ms.values())
             )
-            summary[name] = range_figures(projection, spread) | {
+            summary[name] = figures(spread) | {
                 "img_s_per_ipu": round(per_ipu, 1),
                 "step_ms": {term: round(value, 4) for term, value in step_ms.items()},
             }

@@ -71,28 +71,17 @@ def project(planned: Plan, system: System, workload: Workload) -> None:
         )
 
     central = refit(Constants())
-    print_projection(planned, system, at(central), uncertainty.interval(at, refit, central), central, workload.epochs)
+    print_projection(planned, system, uncertainty.interval(at, refit, central), central, workload.epochs)
 
 
-def print_projection(
-    planned: Plan, system: System, projected: Projection, spread: Interval, central: Constants, epochs: int
-) -> None:
+def print_projection(planned: Plan, system: System, spread: Interval, central: Constants, epochs: int) -> None:
     """The system, the memory table, the cost model's report and its ranges, and last one JSON line of figures."""
     print(f"{system.name}: {system.ipus} {system.chip.name} IPUs, {system.hosts} hosts, {system.host_cores} host cores")
     print(f"{planned.memory.table()}\n{planned.memory.suggestion()}\n")
-    print(cost.report(projected, planned.layout.shape(), len(planned.profile.stages), epochs))
+    print(cost.report(spread.central, planned.layout.shape(), len(planned.profile.stages), epochs))
     print(uncertainty.report(spread, central))
-    figures = {
-        "throughput_img_s": round(projected.throughput_img_s, 1),
-        "throughput_img_s_range": [round(value, 1) for value in spread.throughput_img_s],
-        "epoch_s": round(projected.epoch_s, 3),
-        "time_to_train_min": round(projected.time_to_train_min, 3),
-        "time_to_train_min_range": [round(value, 3) for value in spread.time_to_train_min],
-        "most_sensitive": spread.most_sensitive,
-        "ipu_memory_mb": [round(row.total_mb, 1) for row in planned.memory.rows],
-        "fits": planned.memory.fits,
-    }
-    print(json.dumps(figures))
+    memory = {"ipu_memory_mb": [round(row.total_mb, 1) for row in planned.memory.rows], "fits": planned.memory.fits}
+    print(json.dumps(uncertainty.figures(spread) | memory))
 
 
 __all__ = ["DeviceClock", "Layout", "OutOfMemory", "Plan", "Workload", "check_splits", "clock", "plan", "project"]

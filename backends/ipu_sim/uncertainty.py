@@ -61,8 +61,10 @@ ASSUMPTIONS: dict[str, Assumption] = {
 
 @dataclass(frozen=True)
 class Interval:
-    """The projection's range over the assumptions, and the one assumption that moves time-to-train most."""
+    """The central projection, its range over the assumptions, and the one assumption that moves time-to-train
+    most."""
 
+    central: Projection
     throughput_img_s: tuple[float, float]
     time_to_train_min: tuple[float, float]
     most_sensitive: str | None  # None where no assumption moves it (the layout the constants are fitted to)
@@ -91,8 +93,8 @@ def interval(
     central: Constants,
     assumptions: Mapping[str, Assumption] = ASSUMPTIONS,
 ) -> Interval:
-    """The range of throughput and time-to-train over the corners (the central projection included, so the
-    interval holds it even where the model is not monotonic in a constant)."""
+    """The projection at `central` and the range of throughput and time-to-train over the corners (the central
+    projection included, so the interval holds it even where the model is not monotonic in a constant)."""
     projections = [project_at(central), *(project_at(refit(corner)) for corner in corners(central, assumptions))]
     throughputs = [p.throughput_img_s for p in projections]
     times = [p.time_to_train_min for p in projections]
@@ -104,11 +106,25 @@ def interval(
     low, high = swings[most_sensitive]
     moved = abs(high - low) > 1e-3 * high
     return Interval(
+        projections[0],
         (min(throughputs), max(throughputs)),
         (min(times), max(times)),
         most_sensitive if moved else None,
         swings[most_sensitive],
     )
+
+
+def figures(interval: Interval) -> dict[str, object]:
+    """The central throughput and time-to-train and their ranges, rounded for a JSON line."""
+    central = interval.central
+    return {
+        "throughput_img_s": round(central.throughput_img_s, 1),
+        "throughput_img_s_range": [round(value, 1) for value in interval.throughput_img_s],
+        "epoch_s": round(central.epoch_s, 3),
+        "time_to_train_min": round(central.time_to_train_min, 3),
+        "time_to_train_min_range": [round(value, 3) for value in interval.time_to_train_min],
+        "most_sensitive": interval.most_sensitive,
+    }
 
 
 def describe(name: str, assumption: Assumption, value: float) -> str:
