@@ -58,7 +58,7 @@ from data.synthetic import CACHE_ENV
 from distributed import LaunchError, PeerLost, Topology
 from distributed.stop import RESUME_SCRIPT, StopRequested, catch_stop_signals, tell_how_to_resume
 from mlperf_logs.hyperparameters import Submission, log_hyperparameters, log_submission
-from mlperf_logs.logger import MLPerfLogger, constants, truncate_to
+from mlperf_logs.logger import RESUMED, MLPerfLogger, constants, keep_attempt, truncate_to
 from mlperf_logs.metrics import TENSORBOARD, EpochMetrics, EpochTimer, MetricsCSV, plot
 from mlperf_logs.progress import Progress, epoch_line, print_summary
 from optim import Schedule
@@ -66,8 +66,6 @@ from optim.precision import NonFiniteLoss
 from projection import project
 
 USER_ERRORS = (ConfigError, DatasetError, CheckpointError, LaunchError, HydraException, OmegaConfBaseException)
-# Ranks other than 0 keep Hydra from writing: rank 0's run directory is the run's, and ${now:} differs per rank.
-QUIET_HYDRA = ["hydra.output_subdir=null", "hydra/job_logging=disabled", "hydra/hydra_logging=disabled"]
 CHECKPOINT = "checkpoint.pt"
 FINAL_WEIGHTS = "model.pt"
 METRICS = "metrics.csv"
@@ -326,7 +324,8 @@ def restore_point(cfg: Config, out_dir: Path, world_size: int) -> dict | None:
 
 
 def resume(state: dict, backend: backends.Backend, log: MLPerfLogger, metrics: MetricsCSV, rank: int) -> Loop:
-    """Continue exactly where the checkpoint left off; logs written after it are cut back to its sizes."""
+    """Continue exactly where the checkpoint left off; logs written after it are cut back to its sizes, and the
+    MLPerf log says where the run was resumed, and where the stopped attempt's whole log is kept."""
     own = state["ranks"][rank]
     try:
         backend.load_state_dict(state["backend"])
@@ -337,7 +336,9 @@ def resume(state: dict, backend: backends.Backend, log: MLPerfLogger, metrics: M
     loop = Loop(**state["loop"], losses=list(own["losses"].to(backend.device).unbind()))
     metrics.resume(state["log_sizes"]["metrics"], loop.step)
     if log.path is not None:
+        attempt = keep_attempt(log.path)
         truncate_to(log.path, state["log_sizes"]["mlperf"])
+        log.event(RESUMED, {"step": loop.step, "epoch": loop.epoch, "stopped_attempt_log": attempt.name})
         print(f"resuming at epoch {loop.epoch} (step {loop.step}, {loop.batch} steps into the epoch)", flush=True)
     return loop
 
@@ -371,7 +372,7 @@ if __name__ == "__main__":
     os.environ["HYDRA_FULL_ERROR"] = "1"  # let configuration errors reach the handler below as exceptions
     try:
         if not distributed.from_environment().is_main:
-            sys.argv += QUIET_HYDRA
+            sys.argv += distributed.QUIET_HYDRA
         main()
     except USER_ERRORS as err:
         cause = f"\n{err.__cause__}" if isinstance(err, HydraException) and err.__cause__ else ""

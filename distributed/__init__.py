@@ -15,9 +15,10 @@ from distributed.group import (
     record_step,
     sum_over_ranks,
 )
-from distributed.topology import LaunchError, Topology, from_environment
+from distributed.topology import QUIET_HYDRA, LaunchError, Topology, from_environment
 
 __all__ = [
+    "QUIET_HYDRA",
     "LaunchError",
     "PeerLost",
     "Topology",

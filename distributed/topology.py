@@ -8,6 +8,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 DEFAULT_PORT = 29500
+# Ranks other than 0 keep Hydra from writing: rank 0's run directory is the run's, and ${now:} differs per rank.
+QUIET_HYDRA = ["hydra.output_subdir=null", "hydra/job_logging=disabled", "hydra/hydra_logging=disabled"]
 
 
 class LaunchError(ValueError):

@@ -11,6 +11,11 @@ from typing import Any
 from mlperf_logging.mllog import constants, mllog
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+# A resumed run says so in its log. MLPerf's training rules (training_rules.adoc, "Run Results") time a run over
+# one contiguous period and say "The clock may not be paused during the run": a resumed log keeps its run_start,
+# so its time to train includes the time it was stopped, and this event (the checker accepts keys it does not know)
+# names the attempt's own log, kept whole beside it. https://github.com/mlcommons/training_policies
+RESUMED = "rn50perf_resumed"
 
 
 class MLPerfLogger:
@@ -61,6 +66,16 @@ def _file_logger(path: Path) -> logging.Logger:
     return logger
 
 
+def keep_attempt(path: Path) -> Path:
+    """A copy of the log as a stopped attempt left it (`mlperf.attempt1.log`, then 2, ...), before a resumed run
+    cuts it back to its checkpoint."""
+    attempt = 1
+    while (kept := path.with_name(f"{path.stem}.attempt{attempt}{path.suffix}")).exists():
+        attempt += 1
+    kept.write_bytes(path.read_bytes())
+    return kept
+
+
 def truncate_to(path: Path, size: int) -> None:
     """Cut a log back to `size` bytes: a resumed run drops what was written after its checkpoint."""
     if path.exists() and path.stat().st_size > size:
@@ -68,4 +83,4 @@ def truncate_to(path: Path, size: int) -> None:
             f.truncate(size)
 
 
-__all__ = ["MLPerfLogger", "constants", "truncate_to"]
+__all__ = ["RESUMED", "MLPerfLogger", "constants", "keep_attempt", "truncate_to"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import subprocess
@@ -94,6 +95,26 @@ def tensorboard_scalars(run_dir: Path) -> dict[str, list[tuple[int, float]]]:
     events = EventAccumulator(str(run_dir / "tensorboard"))
     events.Reload()
     return {tag: [(e.step, e.value) for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
+
+
+def assert_same_run(expected: Path, actual: Path) -> None:
+    """The same final weights, evaluations and per-epoch losses and learning rates; one run_start in the log."""
+    weights = torch.load(expected / "model.pt", weights_only=True), torch.load(actual / "model.pt", weights_only=True)
+    assert weights[0].keys() == weights[1].keys()
+    for name in weights[0]:
+        assert torch.equal(weights[0][name], weights[1][name]), name
+
+    def accuracies(run: Path) -> list[float]:
+        return [e["value"] for e in mllog_events(run / "mlperf.log") if e["key"] == "eval_accuracy"]
+
+    def losses_and_rates(run: Path) -> list[tuple[str, ...]]:
+        rows = list(csv.DictReader((run / "metrics.csv").open()))
+        return [(row["epoch"], row["step"], row["lr"], row["train_loss"]) for row in rows]
+
+    assert accuracies(actual) == accuracies(expected)
+    assert losses_and_rates(actual) == losses_and_rates(expected)  # none twice, none lost
+    assert tensorboard_scalars(actual)["train/loss"] == tensorboard_scalars(expected)["train/loss"]
+    assert [e["key"] for e in mllog_events(actual / "mlperf.log")].count("run_start") == 1
 
 
 def compliance_check(log: Path) -> subprocess.CompletedProcess[str]:

@@ -15,7 +15,15 @@ import torch
 import torchvision
 
 from optim.precision import emulates
-from tests.conftest import REPO, compliance_check, mllog_events, record_margin, run_train, tensorboard_scalars
+from tests.conftest import (
+    REPO,
+    assert_same_run,
+    compliance_check,
+    mllog_events,
+    record_margin,
+    run_train,
+    tensorboard_scalars,
+)
 
 
 @pytest.mark.convergence
@@ -103,26 +111,6 @@ def signal_after_first_checkpoint(run_dir: Path, cache: Path, *signals: signal.S
     return process.returncode, output
 
 
-def assert_same_run(expected: Path, actual: Path) -> None:
-    """The same final weights, evaluations and per-epoch losses and learning rates; one run_start in the log."""
-    weights = torch.load(expected / "model.pt", weights_only=True), torch.load(actual / "model.pt", weights_only=True)
-    assert weights[0].keys() == weights[1].keys()
-    for name in weights[0]:
-        assert torch.equal(weights[0][name], weights[1][name]), name
-
-    def accuracies(run: Path) -> list[float]:
-        return [e["value"] for e in mllog_events(run / "mlperf.log") if e["key"] == "eval_accuracy"]
-
-    def losses_and_rates(run: Path) -> list[tuple[str, ...]]:
-        rows = list(csv.DictReader((run / "metrics.csv").open()))
-        return [(row["epoch"], row["step"], row["lr"], row["train_loss"]) for row in rows]
-
-    assert accuracies(actual) == accuracies(expected)
-    assert losses_and_rates(actual) == losses_and_rates(expected)  # none twice, none lost
-    assert tensorboard_scalars(actual)["train/loss"] == tensorboard_scalars(expected)["train/loss"]
-    assert [e["key"] for e in mllog_events(actual / "mlperf.log")].count("run_start") == 1
-
-
 def test_a_killed_run_resumes_to_the_same_weights_and_one_valid_log(straight, cache_dir, tmp_path):
     signal_after_first_checkpoint(tmp_path, cache_dir, signal.SIGKILL)
     assert not (tmp_path / "model.pt").exists()
@@ -174,6 +162,13 @@ def test_a_run_stopped_twice_in_the_middle_of_an_epoch_resumes_to_the_same_run(s
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     assert "resuming at epoch 1 (step 2, 2 steps into the epoch)" in resumed.stdout
     assert_same_run(straight(RESUME_RUN), tmp_path)
+    resumptions = [e["value"] for e in mllog_events(tmp_path / "mlperf.log") if e["key"] == "rn50perf_resumed"]
+    assert [(r["step"], r["stopped_attempt_log"]) for r in resumptions] == [
+        (1, "mlperf.attempt1.log"),
+        (2, "mlperf.attempt2.log"),
+    ]
+    for attempt in ("mlperf.attempt1.log", "mlperf.attempt2.log"):  # each stopped attempt's log, whole
+        assert mllog_events(tmp_path / attempt)[-1]["metadata"]["status"] == "aborted"
 
 
 def test_a_run_stopped_at_the_end_of_an_epoch_resumes_to_the_same_run(straight, cache_dir, tmp_path):

@@ -1,5 +1,5 @@
 """Sweeps: a real Optuna search through train.py (a missed target is a failed trial, not a fast one), and the SLURM
-launcher config."""
+launcher config (the SLURM jobs themselves: tests/slurm)."""
 
 from __future__ import annotations
 
@@ -88,9 +88,11 @@ def test_the_slurm_launcher_config_composes_into_submitits_slurm_launcher():
         cfg = compose("config", overrides=overrides, return_hydra_config=True)
     launcher = instantiate(cfg.hydra.launcher)  # resolves the target and every interpolation
     assert isinstance(launcher, Launcher)
-    assert type(launcher).__name__ == "SlurmLauncher"
+    assert type(launcher).__module__ == "hydra_plugins.rn50perf_slurm"
     params = launcher.params
     assert params["partition"] == "gpu"
     assert params["tasks_per_node"] == params["gpus_per_node"]  # one rank per GPU (distributed/topology.py)
     assert params["gpus_per_task"] is None  # each task must see its node's GPUs to pick SLURM_LOCALID's
     assert params["submitit_folder"].endswith("/.submitit/%j")
+    # The time-limit warning that train.py checkpoints on, at the delay the config sets; a job SLURM may requeue.
+    assert params["additional_parameters"] == {"signal": f"USR1@{params['signal_delay_s']}", "requeue": True}

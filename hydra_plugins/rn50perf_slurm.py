@@ -1,0 +1,101 @@
+"""Hydra's SLURM launcher (hydra-submitit-launcher), made to carry runs through a real cluster.
+
+configs/hydra/launcher/slurm.yaml names `SlurmLauncher`. What it adds to the stock launcher, and why:
+- The task travels by name. The stock launcher pickles train.py's task by value: cloudpickle copies what `__main__`
+  defines together with every global its code touches, and fails on the first one that cannot be pickled
+  (`TypeError: cannot pickle '_Classes' object`: torch.classes, reached through `torch` and any attribute that
+  happens to be called `classes`). Here a job imports the script and takes the task from it.
+- A job imports the project wherever the multirun was launched from: its script puts the repository on PYTHONPATH.
+- Only rank 0's Hydra writes the job's directory (.hydra/ and the job's log), as under torchrun.
+- Every job runs with run.resume=auto, so a job that SLURM requeues (`scontrol requeue`, preemption) continues from
+  its checkpoint. A run that SIGUSR1 stopped (SLURM's warning before the time limit, `--signal=USR1@N`) requeues
+  its own job, as submitit's checkpointing would; after a SIGTERM the job follows SLURM's decision (requeued,
+  preempted or cancelled).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shlex
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, NamedTuple
+
+from hydra.core.singleton import Singleton
+from hydra.core.utils import JobReturn
+from hydra.types import TaskFunction
+from hydra_plugins.hydra_submitit_launcher.submitit_launcher import SlurmLauncher as SubmititSlurmLauncher
+from omegaconf import DictConfig
+
+from distributed.stop import StopRequested
+from distributed.topology import QUIET_HYDRA, from_environment
+
+REPO = Path(__file__).resolve().parent.parent  # Hydra finds launchers in the hydra_plugins namespace package only
+RESUME = "run.resume=auto"
+
+
+class ScriptTask(NamedTuple):  # not a dataclass: Hydra's plugin scan runs this module before it is in sys.modules
+    """A `@hydra.main` task function named by its script and name, which a job imports to call it."""
+
+    script: str
+    name: str
+
+    @classmethod
+    def of(cls, task: TaskFunction) -> TaskFunction:
+        """`task` itself if it lives in an importable module; a ScriptTask if the running script defines it."""
+        if task.__module__ != "__main__":
+            return task
+        return cls(str(Path(sys.modules["__main__"].__file__).resolve()), task.__name__)
+
+    def __call__(self, cfg: DictConfig) -> Any:
+        name = Path(self.script).stem
+        spec = importlib.util.spec_from_file_location(name, self.script)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module  # dataclasses look their module up while the script defines them
+        spec.loader.exec_module(module)
+        return getattr(module, self.name).__wrapped__(cfg)  # the function that @hydra.main wrapped
+
+
+class SlurmLauncher(SubmititSlurmLauncher):
+    """Each job of a multirun is one SLURM job of `tasks_per_node` x `nodes` ranks (see the module's docstring)."""
+
+    def __init__(self, **params: Any) -> None:
+        super().__init__(**params)
+        on_path = f"export PYTHONPATH={shlex.quote(str(REPO))}${{PYTHONPATH:+:$PYTHONPATH}}"
+        self.params["setup"] = [on_path, *(self.params.get("setup") or [])]
+
+    def setup(self, *, hydra_context: Any, task_function: TaskFunction, config: DictConfig) -> None:
+        super().setup(hydra_context=hydra_context, task_function=ScriptTask.of(task_function), config=config)
+
+    def __call__(
+        self,
+        sweep_overrides: list[str],
+        job_dir_key: str,
+        job_num: int,
+        job_id: str,
+        singleton_state: dict[type, Singleton],
+    ) -> JobReturn:
+        """One task of a job: rank `SLURM_PROCID` of the run."""
+        is_main = from_environment().is_main
+        overrides = [*sweep_overrides, RESUME, *([] if is_main else QUIET_HYDRA)]
+        try:
+            return super().__call__(overrides, job_dir_key, job_num, job_id, singleton_state)
+        except StopRequested as stop:  # checkpointed, log ended: the run goes on in the requeued job
+            if stop.signum == signal.SIGUSR1 and is_main:
+                requeue_this_job()
+            raise SystemExit(stop.exit_status) from None
+
+
+def requeue_this_job() -> None:
+    """Put this batch job back in SLURM's queue, where it keeps its id (and so its run directory). SLURM ends the
+    running one; the requeued one becomes eligible to start about two minutes later."""
+    job = os.environ["SLURM_JOB_ID"]
+    result = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True)
+    if result.returncode == 0:
+        print(f"job {job} requeued: it resumes from the checkpoint", file=sys.stderr, flush=True)
+    else:
+        print(f"error: scontrol requeue {job} failed: {result.stderr.strip()}", file=sys.stderr, flush=True)

@@ -1,0 +1,225 @@
+"""Runs on a real one-node SLURM (tests/slurm/local_cluster.sh): jobs of two tasks (gloo on the CPU) through Hydra's
+launcher (one run, an Optuna sweep) and through examples/slurm/train.sbatch; a job stopped before its time limit or
+requeued by SLURM resumes to the same weights as one that never stopped."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import optuna
+import pytest
+import yaml
+from omegaconf import OmegaConf
+
+from tests.conftest import REPO, assert_same_run, compliance_check, mllog_events
+from tests.test_sweeps import time_to_train_min
+
+# Two tasks of one CPU each on the 2-core node; a run of a few seconds: 64 images at 32 px, one thread per rank.
+TWO_TASKS = (
+    "hydra/launcher=slurm",
+    "hydra.launcher.partition=debug",
+    "hydra.launcher.tasks_per_node=2",
+    "hydra.launcher.gpus_per_node=null",
+    "hydra.launcher.cpus_per_task=1",
+    "hydra.launcher.mem_gb=4",
+)
+TINY = (
+    "experiment=smoke",
+    "mlperf=open",
+    "data.image_size=32",
+    "data.eval_resize=36",
+    "data.synthetic.train_per_class=16",
+    "data.synthetic.val_per_class=8",
+    "data.global_batch=16",
+    "optim.warmup_epochs=0",
+    "device.threads=1",
+)
+# Three epochs of 4 steps that never reach the target: a run to stop in the middle and compare with a whole one.
+LONGER = (*TINY, "run.max_epochs=3", "mlperf.target_accuracy=1.0")
+SBATCH = REPO / "examples" / "slurm" / "train.sbatch"
+ON_THIS_NODE = ("--ntasks-per-node=2", "--gpus-per-node=0", "--cpus-per-task=1", "--mem=4G")
+USR1_STOP = 138
+JOB_TIMEOUT_S = 180
+
+
+def job_environment(cache: Path) -> dict[str, str]:
+    """What the submitting shell passes to its jobs: the test cache, and this Python first on PATH (the sbatch
+    example calls `python`)."""
+    path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"
+    return {**os.environ, "RN50PERF_CACHE": str(cache), "PYTHONUNBUFFERED": "1", "PATH": path}
+
+
+def squeue(job: str, fmt: str) -> str:
+    return subprocess.run(["squeue", "-h", "-j", job, "-o", fmt], capture_output=True, text=True).stdout.strip()
+
+
+def wait_for_line(path: Path, marker: str, process: subprocess.Popen | None = None) -> None:
+    """Until a line of the file at `path` (a job's output) contains `marker`."""
+    deadline = time.monotonic() + JOB_TIMEOUT_S
+    while not (path.exists() and marker in path.read_text()):
+        assert process is None or process.poll() is None, f"the submission ended before {marker!r}"
+        assert time.monotonic() < deadline, f"no {marker!r} in {path}"
+        time.sleep(0.1)
+
+
+def release_when_requeued(job: str) -> None:
+    """SLURM holds a requeued job for two minutes (its EligibleTime); let it start sooner, as an administrator may:
+    once the node is idle again, and a few seconds after the requeue, since slurmd refuses a job credential issued
+    in the same second as the one it revoked ("Job credential revoked")."""
+    deadline = time.monotonic() + JOB_TIMEOUT_S
+    while squeue(job, "%T %r") != "PENDING BeginTime" or node_state() != "idle":
+        assert time.monotonic() < deadline, f"job {job} was not requeued: {squeue(job, '%T %r')}"
+        time.sleep(0.1)
+    time.sleep(2)
+    subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], check=True)
+
+
+def node_state() -> str:
+    return subprocess.run(["sinfo", "-h", "-N", "-o", "%T"], capture_output=True, text=True).stdout.strip()
+
+
+def wait_for_job(job: str) -> None:
+    deadline = time.monotonic() + JOB_TIMEOUT_S
+    while squeue(job, "%T"):
+        assert time.monotonic() < deadline, f"job {job} still {squeue(job, '%T')}"
+        time.sleep(0.2)
+
+
+def assert_compliant(log: Path) -> None:
+    checker = compliance_check(log)
+    assert checker.returncode == 0 and "SUCCESS" in checker.stdout + checker.stderr, checker.stdout + checker.stderr
+
+
+def assert_resumed_once(run_dir: Path, signal_name: str) -> None:
+    """The stopped attempt's log is kept whole and ends with run_stop aborted; the run's log, which passes the
+    checker, says where it was resumed and keeps the first attempt's run_start (the clock is not paused)."""
+    attempt = mllog_events(run_dir / "mlperf.attempt1.log")
+    assert attempt[-1]["key"] == "run_stop" and attempt[-1]["metadata"]["status"] == "aborted"
+    events = mllog_events(run_dir / "mlperf.log")
+    resumed = [e for e in events if e["key"] == "rn50perf_resumed"]
+    assert len(resumed) == 1 and resumed[0]["value"]["stopped_attempt_log"] == "mlperf.attempt1.log"
+    run_start = next(e for e in events if e["key"] == "run_start")
+    assert run_start == next(e for e in attempt if e["key"] == "run_start")
+    assert not (run_dir / "mlperf.attempt2.log").exists()
+    assert f"stopped by {signal_name}" in (run_dir / "resume.sh").read_text()
+    assert_compliant(run_dir / "mlperf.log")
+
+
+def sbatch(run_dir: Path, cache: Path, *overrides: str) -> str:
+    """Submit the sbatch example from the repository, as its comment says; returns the job id."""
+    command = ["sbatch", "--parsable", *ON_THIS_NODE, f"--output={run_dir}.out", str(SBATCH), "device=cpu", *overrides]
+    env = {**job_environment(cache), "RUN_DIR": str(run_dir)}
+    return subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, check=True).stdout.strip()
+
+
+@pytest.fixture(scope="module")
+def whole_run(slurm, cache_dir, tmp_path_factory) -> Path:
+    """LONGER through the sbatch example, never stopped: the run directory."""
+    run_dir = tmp_path_factory.mktemp("sbatch") / "whole"
+    job = sbatch(run_dir, cache_dir, *LONGER)
+    wait_for_job(job)
+    assert (run_dir / "model.pt").exists(), Path(f"{run_dir}.out").read_text()
+    return run_dir
+
+
+def test_a_task_defined_by_the_running_script_travels_by_name(tmp_path):
+    # cloudpickle copies what __main__ defines by value, with every global its code touches: here torch and an
+    # attribute called `classes`, which drag in torch.classes, which cannot be pickled.
+    script = tmp_path / "app.py"
+    script.write_text(
+        textwrap.dedent(
+            """
+            import sys
+            import cloudpickle, hydra, torch
+            from hydra_plugins.rn50perf_slurm import ScriptTask
+
+            @hydra.main(version_base=None)
+            def main(cfg):
+                return int(torch.tensor(len(cfg.classes)))
+
+            if __name__ == "__main__":
+                sys.stdout.buffer.write(cloudpickle.dumps(ScriptTask.of(main.__wrapped__)))
+            """
+        )
+    )
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    pickled = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, check=True).stdout
+    task = pickle.loads(pickled)  # in a process that never ran the script: it imports it
+    assert task(OmegaConf.create({"classes": ["a", "b", "c"]})) == 3
+
+
+def test_a_hydra_launcher_job_warned_before_its_time_limit_requeues_itself_and_resumes(
+    slurm, whole_run, cache_dir, tmp_path
+):
+    # Launched from a directory that is not the repository, as a user's script or notebook might.
+    sweep = tmp_path / "sweep"
+    command = [sys.executable, str(REPO / "train.py"), "-m", *TWO_TASKS, *LONGER, f"hydra.sweep.dir={sweep}"]
+    env = job_environment(cache_dir)
+    launcher = subprocess.Popen(command, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    wait_for_line(sweep / "0" / "mlperf.log", "run_start", launcher)
+    job = next(path.name for path in (sweep / ".submitit").iterdir() if path.is_dir())
+    # What SLURM sends signal_delay_s before the time limit (--signal=USR1@N): USR1 to every task.
+    subprocess.run(["scancel", "--signal=USR1", job], check=True)
+    release_when_requeued(job)
+    output, _ = launcher.communicate(timeout=JOB_TIMEOUT_S)
+    assert launcher.returncode == 0, output.decode()
+    run_dir = sweep / "0"
+    rank0 = sweep / ".submitit" / job / f"{job}_0_log"
+    assert Path(f"{rank0}.out").read_text().count("2 ranks (slurm)") == 2
+    assert f"job {job} requeued: it resumes from the checkpoint" in Path(f"{rank0}.err").read_text()
+    assert_resumed_once(run_dir, "SIGUSR1")
+    assert_same_run(whole_run, run_dir)
+
+
+def test_an_optuna_sweep_over_slurm_gets_each_trials_time_to_train(slurm, cache_dir, tmp_path):
+    study = f"sqlite:///{tmp_path}/ttt.db"
+    command = [
+        sys.executable,
+        "train.py",
+        "-m",
+        *TWO_TASKS,
+        "hparams_search=ttt_optuna",
+        *TINY,
+        "run.max_epochs=1",
+        "mlperf.target_accuracy=0.01",  # reached at the first evaluation: every trial has a time to train
+        "hydra.sweeper.n_trials=2",
+        f"hydra.sweeper.storage={study}",
+        "hydra.sweeper.study_name=ttt",
+        f"hydra.sweep.dir={tmp_path}",
+    ]
+    sweep = subprocess.run(command, cwd=REPO, env=job_environment(cache_dir), capture_output=True, text=True)
+    assert sweep.returncode == 0, sweep.stdout + sweep.stderr
+    trials = optuna.load_study(study_name="ttt", storage=study).trials
+    assert len(trials) == 2
+    for trial in trials:
+        run_dir = tmp_path / str(trial.number)
+        status, minutes = time_to_train_min(run_dir)
+        assert status == "success" and trial.value == pytest.approx(minutes, abs=1e-4)
+        assert_compliant(run_dir / "mlperf.log")
+    best = yaml.safe_load((tmp_path / "optimization_results.yaml").read_text())["best_value"]
+    assert best == min(trial.value for trial in trials)
+
+
+def test_the_sbatch_example_runs_two_ranks_whose_log_passes_the_checker(whole_run):
+    assert "2 ranks (slurm)" in Path(f"{whole_run}.out").read_text()
+    assert [e["key"] for e in mllog_events(whole_run / "mlperf.log")].count("run_start") == 1
+    assert_compliant(whole_run / "mlperf.log")
+
+
+def test_an_sbatch_job_requeued_by_slurm_resumes_to_the_same_weights(slurm, whole_run, cache_dir, tmp_path):
+    run_dir = tmp_path / "requeued"
+    job = sbatch(run_dir, cache_dir, *LONGER)
+    wait_for_line(run_dir / "mlperf.log", "run_start")
+    subprocess.run(["scontrol", "requeue", job], check=True)  # as preemption would: SIGTERM, then the queue
+    release_when_requeued(job)
+    wait_for_job(job)
+    output = Path(f"{run_dir}.out").read_text()
+    assert output.count("2 ranks (slurm)") == 2 and "resuming at epoch" in output, output
+    assert_resumed_once(run_dir, "SIGTERM")
+    assert_same_run(whole_run, run_dir)
