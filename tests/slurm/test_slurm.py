@@ -10,6 +10,8 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import optuna
@@ -53,6 +55,19 @@ def job_environment(cache: Path) -> dict[str, str]:
     example calls `python`)."""
     path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"
     return {**os.environ, "RN50PERF_CACHE": str(cache), "PYTHONUNBUFFERED": "1", "PATH": path}
+
+
+@contextmanager
+def launched(command: list[str], cwd: Path, env: dict[str, str], output: Path) -> Iterator[subprocess.Popen]:
+    """A multirun submitting in the background, its output to the file `output`; killed if the test ends first."""
+    with output.open("w") as sink:
+        process = subprocess.Popen(command, cwd=cwd, env=env, stdout=sink, stderr=subprocess.STDOUT)
+        try:
+            yield process
+        finally:
+            if process.poll() is None:
+                process.kill()
+            process.wait()
 
 
 def squeue(job: str, fmt: str) -> str:
@@ -160,15 +175,15 @@ def test_a_hydra_launcher_job_warned_before_its_time_limit_requeues_itself_and_r
     # Launched from a directory that is not the repository, as a user's script or notebook might.
     sweep = tmp_path / "sweep"
     command = [sys.executable, str(REPO / "train.py"), "-m", *TWO_TASKS, *LONGER, f"hydra.sweep.dir={sweep}"]
-    env = job_environment(cache_dir)
-    launcher = subprocess.Popen(command, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    wait_for_line(sweep / "0" / "mlperf.log", "run_start", launcher)
-    job = next(path.name for path in (sweep / ".submitit").iterdir() if path.is_dir())
-    # What SLURM sends signal_delay_s before the time limit (--signal=USR1@N): USR1 to every task.
-    subprocess.run(["scancel", "--signal=USR1", job], check=True)
-    release_when_requeued(job)
-    output, _ = launcher.communicate(timeout=JOB_TIMEOUT_S)
-    assert launcher.returncode == 0, output.decode()
+    output = tmp_path / "launcher.out"
+    with launched(command, tmp_path, job_environment(cache_dir), output) as launcher:
+        wait_for_line(sweep / "0" / "mlperf.log", "run_start", launcher)
+        job = next(path.name for path in (sweep / ".submitit").iterdir() if path.is_dir())
+        # What SLURM sends signal_delay_s before the time limit (--signal=USR1@N): USR1 to every task.
+        subprocess.run(["scancel", "--signal=USR1", job], check=True)
+        release_when_requeued(job)
+        launcher.wait(timeout=JOB_TIMEOUT_S)
+    assert launcher.returncode == 0, output.read_text()
     run_dir = sweep / "0"
     rank0 = sweep / ".submitit" / job / f"{job}_0_log"
     assert Path(f"{rank0}.out").read_text().count("2 ranks (slurm)") == 2
@@ -223,3 +238,30 @@ def test_an_sbatch_job_requeued_by_slurm_resumes_to_the_same_weights(slurm, whol
     assert output.count("2 ranks (slurm)") == 2 and "resuming at epoch" in output, output
     assert_resumed_once(run_dir, "SIGTERM")
     assert_same_run(whole_run, run_dir)
+
+
+@pytest.mark.slow
+def test_a_hydra_launcher_job_that_reaches_its_time_limit_is_warned_requeued_and_finishes(slurm, cache_dir, tmp_path):
+    # A one-minute limit with the warning 40 s before it (SLURM may send it up to a minute early), on a run of about
+    # 90 s: SLURM's own timer sends USR1, each attempt stops before the limit, and the run ends in a later one.
+    overrides = ("hydra.launcher.timeout_min=1", "hydra.launcher.signal_delay_s=40", "run.max_epochs=40")
+    command = [sys.executable, "train.py", "-m", *TWO_TASKS, *LONGER, *overrides, f"hydra.sweep.dir={tmp_path}"]
+    output = tmp_path / "launcher.out"
+    with launched(command, REPO, job_environment(cache_dir), output) as launcher:
+        wait_for_line(tmp_path / "0" / "mlperf.log", "run_start", launcher)
+        job = next(path.name for path in (tmp_path / ".submitit").iterdir() if path.is_dir())
+        deadline = time.monotonic() + 2 * JOB_TIMEOUT_S
+        while launcher.poll() is None:
+            assert time.monotonic() < deadline, f"job {job} has not finished"
+            if squeue(job, "%T %r") == "PENDING BeginTime":
+                release_when_requeued(job)
+            time.sleep(0.5)
+    assert launcher.returncode == 0, output.read_text()
+    run_dir = tmp_path / "0"
+    attempts = sorted(run_dir.glob("mlperf.attempt*.log"))
+    assert attempts, "the run ended before its time limit"
+    for attempt in attempts:
+        assert mllog_events(attempt)[-1]["metadata"]["status"] == "aborted"
+    assert "stopped by SIGUSR1" in (run_dir / "resume.sh").read_text()
+    assert (run_dir / "model.pt").exists()
+    assert_compliant(run_dir / "mlperf.log")
