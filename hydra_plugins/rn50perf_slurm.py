@@ -33,7 +33,7 @@ from omegaconf import DictConfig
 from distributed.stop import StopRequested
 from distributed.topology import QUIET_HYDRA, from_environment
 
-REPO = Path(__file__).resolve().parent.parent  # Hydra finds launchers in the hydra_plugins namespace package only
+REPO = Path(__file__).resolve().parent.parent  # this file is in its hydra_plugins/, where Hydra looks for launchers
 RESUME = "run.resume=auto"
 
 

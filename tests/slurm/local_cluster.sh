@@ -18,7 +18,6 @@ set -euo pipefail
 STATE=${RN50PERF_SLURM_DIR:-/tmp/rn50perf-slurm}
 export SLURM_CONF=$STATE/slurm.conf
 PACKAGES=(slurm-wlm munge)
-DAEMONS=(munged slurmctld slurmd)
 
 can_run() {
   if [ "$(id -u)" != 0 ]; then
@@ -89,7 +88,7 @@ start_daemon() {  # name pidfile command...: start it and note it as ours
     sleep 0.1
   done
   kill -0 "$(cat "$pidfile" 2>/dev/null)" 2>/dev/null \
-    || { echo "$name did not start: see $STATE/$name.log" >&2; exit 1; }
+    || { echo "$name did not start: see $STATE/$name.log" >&2; stop_started; exit 1; }
   echo "$name $(cat "$pidfile")" >>"$STATE/started"
 }
 
@@ -120,6 +119,7 @@ start() {
     sleep 0.1
   done
   echo "the node is not idle after 30 s (sinfo: $(node_state)): see $STATE/slurmctld.log" >&2
+  stop_started
   exit 1
 }
 
