@@ -116,6 +116,8 @@ def assert_resumed_once(run_dir: Path, signal_name: str) -> None:
     checker, says where it was resumed and keeps the first attempt's run_start (the clock is not paused)."""
     attempt = mllog_events(run_dir / "mlperf.attempt1.log")
     assert attempt[-1]["key"] == "run_stop" and attempt[-1]["metadata"]["status"] == "aborted"
+    checker = compliance_check(run_dir / "mlperf.attempt1.log")  # whole lines, though no block ended before the stop
+    assert "parsing errors" not in checker.stdout + checker.stderr
     events = mllog_events(run_dir / "mlperf.log")
     resumed = [e for e in events if e["key"] == "rn50perf_resumed"]
     assert len(resumed) == 1 and resumed[0]["value"]["stopped_attempt_log"] == "mlperf.attempt1.log"
