@@ -15,7 +15,6 @@ the pack an uninterrupted run writes.
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import re
 import shutil
@@ -170,7 +169,7 @@ def _pack_split(name: str, split: Split, out: Path, work: Path, shard_size: int)
     start = sum(shard.count for shard in shards)
     with tqdm(total=len(split), initial=start, desc=f"pack {name}", unit="img", disable=None, file=sys.stderr) as bar:
         while start < len(split):
-            shard = _write_shard(split, start, out / shard_name(name, len(shards)), keys, shard_size, bar)
+            shard = _write_shard(split, start, out / shard_name(name, len(shards)), work, keys, shard_size, bar)
             _save_entry(work, shard)
             shards.append(shard)
             start += shard.count
@@ -188,11 +187,11 @@ def _complete_shards(split: str, out: Path, work: Path) -> list[ShardEntry]:
     return shards
 
 
-def _write_shard(split: Split, start: int, path: Path, keys: Keys, limit: int, bar: tqdm) -> ShardEntry:
+def _write_shard(split: Split, start: int, path: Path, work: Path, keys: Keys, limit: int, bar: tqdm) -> ShardEntry:
     """Samples from `start` on into the tar `path` until the next would take it past `limit` bytes (one at
-    least), written atomically."""
+    least), written atomically through `work`/shard.partial (the pack's work folder, gone when the pack ends)."""
     rows: dict[str, list] = {field: [] for field in SAVED_FIELDS}
-    with atomic_file(path) as file:
+    with atomic_file(path, partial=work / "shard.partial") as file:
         tar = _HashingWriter(file)
         for index in range(start, len(split)):
             name, label = split[index]
@@ -235,9 +234,8 @@ def _add_member(tar: _HashingWriter, name: str, data: bytes) -> int:
 
 
 def _save_entry(work: Path, shard: ShardEntry) -> None:
-    buffer = io.BytesIO()
-    np.savez(buffer, manifest=np.array(json.dumps(shard.manifest())), **shard.rows)
-    _write_atomically(work / f"{shard.name}.npz", buffer.getvalue())
+    with atomic_file(work / f"{shard.name}.npz") as file:
+        np.savez(file, manifest=np.array(json.dumps(shard.manifest())), **shard.rows)
 
 
 def _load_entry(path: Path) -> ShardEntry | None:
@@ -250,9 +248,8 @@ def _load_entry(path: Path) -> ShardEntry | None:
 def _write_index(path: Path, shards: list[ShardEntry]) -> None:
     """The split's index: the shards' rows end to end (which shard holds a sample follows from their counts)."""
     arrays = {field: np.concatenate([shard.rows[field] for shard in shards]) for field in SAVED_FIELDS}
-    buffer = io.BytesIO()
-    np.savez_compressed(buffer, **arrays)
-    _write_atomically(path, buffer.getvalue())
+    with atomic_file(path) as file:
+        np.savez_compressed(file, **arrays)
 
 
 def _write_atomically(path: Path, data: bytes) -> None:

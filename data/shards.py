@@ -134,8 +134,9 @@ def _open_split(directory: Path, manifest: dict, split: str) -> ShardSplit:
     for shard, path in zip(shards, files, strict=True):
         _check_size(path, shard)
     index = _read_index(directory / entry["index"])
-    _check_index(index, shards, entry["count"], len(manifest["classes"]), directory / entry["index"])
-    return ShardSplit(files, index | {"shard": shard_of_each(shards)}, manifest["classes"])
+    shard = shard_of_each(shards)
+    _check_index(index, shards, shard, entry["count"], len(manifest["classes"]), directory / entry["index"])
+    return ShardSplit(files, index | {"shard": shard}, manifest["classes"])
 
 
 def shard_of_each(shards: Sequence[Mapping]) -> np.ndarray:
@@ -156,8 +157,11 @@ def _read_index(path: Path) -> dict[str, np.ndarray]:
         raise DatasetError(f"index {path} is unreadable: {err}") from None
 
 
-def _check_index(index: dict[str, np.ndarray], shards: list[dict], count: int, classes: int, path: Path) -> None:
-    """The index agrees with the manifest: its length, the counts per shard, labels in range, members in the shard."""
+def _check_index(
+    index: dict[str, np.ndarray], shards: list[dict], shard: np.ndarray, count: int, classes: int, path: Path
+) -> None:
+    """The index agrees with the manifest: its length, the counts per shard, labels in range, members in the shard
+    (`shard`: each sample's, from shard_of_each)."""
     offset, size, label = index["offset"], index["size"], index["label"]
     if not all(len(array) == count for array in index.values()):
         raise DatasetError(f"index {path} does not hold the manifest's {count} samples")
@@ -166,7 +170,7 @@ def _check_index(index: dict[str, np.ndarray], shards: list[dict], count: int, c
     if count and (label.min() < 0 or label.max() >= classes):
         raise DatasetError(f"index {path} has labels outside the manifest's {classes} classes")
     shard_bytes = np.array([s["bytes"] for s in shards], dtype=np.uint64)
-    if count and np.any(offset + size > shard_bytes[shard_of_each(shards)]):
+    if count and np.any(offset + size > shard_bytes[shard]):
         raise DatasetError(f"index {path} points past the end of a shard")
 
 

@@ -12,10 +12,15 @@ from typing import BinaryIO
 
 
 @contextlib.contextmanager
-def atomic_file(path: Path) -> Iterator[BinaryIO]:
-    """A file at `path` that appears whole or not at all: written under a unique name beside it, flushed to
-    disk, then renamed over `path`; on an error the partial file is removed."""
-    descriptor, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+def atomic_file(path: Path, partial: Path | None = None) -> Iterator[BinaryIO]:
+    """A file at `path` that appears whole or not at all: written under a unique name beside it (or under
+    `partial`, on the same filesystem, for a lone writer that resumes: a killed attempt's leftover is overwritten
+    by the next one instead of left behind), flushed to disk, then renamed over `path`; on an error the partial
+    file is removed."""
+    if partial is None:
+        descriptor, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    else:
+        descriptor, temporary = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644), str(partial)
     try:
         with open(descriptor, "wb") as file:
             os.fchmod(file.fileno(), 0o644)  # mkstemp makes it private; datasets and indexes are shared

@@ -18,16 +18,24 @@ from data.synthetic import CACHE_ENV
 REPO = Path(__file__).resolve().parent.parent
 
 
+# A run of a few seconds: 64 training images at 32 px, no warm-up, a fixed batch.
+TINY_RUN = (
+    "experiment=smoke",
+    "data.image_size=32",
+    "data.eval_resize=36",
+    "data.synthetic.train_per_class=16",
+    "data.synthetic.val_per_class=8",
+    "data.global_batch=16",
+    "optim.warmup_epochs=0",
+)
+
+
 @pytest.fixture(autouse=True, scope="session")
 def _own_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     """Tests that open datasets in this process save their indexes in a cache of the session's, not the user's."""
-    previous = os.environ.get(CACHE_ENV)
-    os.environ[CACHE_ENV] = str(tmp_path_factory.mktemp("index-cache"))
-    yield
-    if previous is None:
-        del os.environ[CACHE_ENV]
-    else:
-        os.environ[CACHE_ENV] = previous
+    with pytest.MonkeyPatch.context() as session:
+        session.setenv(CACHE_ENV, str(tmp_path_factory.mktemp("index-cache")))
+        yield
 
 
 @pytest.fixture(scope="session")
@@ -36,16 +44,20 @@ def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("rn50perf-cache")
 
 
+def train_env(cache: Path, **extra: str) -> dict[str, str]:
+    """The environment tests run train.py in: this one, with the test cache, unbuffered output and `extra`."""
+    return {**os.environ, CACHE_ENV: str(cache), "PYTHONUNBUFFERED": "1", **extra}
+
+
 def run_train(
     *overrides: str, cache: Path, timeout: float = 600, check: bool = False, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
     """`python train.py OVERRIDES` in the repo, with the test cache (and `env` added); returns the finished
     process."""
-    env = {**os.environ, "RN50PERF_CACHE": str(cache), "PYTHONUNBUFFERED": "1", **(env or {})}
     result = subprocess.run(
         [sys.executable, "train.py", *overrides],
         cwd=REPO,
-        env=env,
+        env=train_env(cache, **(env or {})),
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -115,6 +127,25 @@ def assert_same_run(expected: Path, actual: Path) -> None:
     assert losses_and_rates(actual) == losses_and_rates(expected)  # none twice, none lost
     assert tensorboard_scalars(actual)["train/loss"] == tensorboard_scalars(expected)["train/loss"]
     assert [e["key"] for e in mllog_events(actual / "mlperf.log")].count("run_start") == 1
+
+
+def time_to_train_min(run_dir: Path) -> tuple[str, float]:
+    """A run's status and its time to train in minutes, from its MLPerf log."""
+    events = {e["key"]: e for e in mllog_events(run_dir / "mlperf.log")}
+    stop, start = events["run_stop"], events["run_start"]
+    return stop["metadata"]["status"], (stop["time_ms"] - start["time_ms"]) / 60_000
+
+
+def assert_compliant(log: Path) -> None:
+    """The compliance checker passes the log."""
+    checker = compliance_check(log)
+    assert checker.returncode == 0 and "SUCCESS" in checker.stdout + checker.stderr, checker.stdout + checker.stderr
+
+
+def assert_read_whole(log: Path) -> None:
+    """The compliance checker reads every line of the log (a stopped run's log need not pass it)."""
+    checker = compliance_check(log)
+    assert "parsing errors" not in checker.stdout + checker.stderr
 
 
 def compliance_check(log: Path) -> subprocess.CompletedProcess[str]:

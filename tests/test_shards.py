@@ -6,10 +6,14 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import multiprocessing
+import os
 import pickle
+import signal
 import subprocess
 import sys
 import tarfile
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -116,13 +120,36 @@ class Interrupted:
     def read(self, index: int) -> bytes:
         self.after -= 1
         if self.after < 0:
-            raise KeyboardInterrupt
+            self.interrupt()
         return self.split.read(index)
+
+    def interrupt(self) -> None:
+        raise KeyboardInterrupt
+
+
+class Killed(Interrupted):
+    """A split whose `after`-th read kills the process, as SIGKILL or the OOM killer would: no cleanup runs."""
+
+    def interrupt(self) -> None:
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def interrupt_pack(sources: dict[str, Split], out: Path, after: int = 7) -> None:
     with pytest.raises(KeyboardInterrupt):
         pack({**sources, "train": Interrupted(sources["train"], after)}, out, shard_size=SHARD_SIZE)
+
+
+def test_a_pack_killed_in_the_middle_of_a_shard_leaves_nothing_behind_once_resumed(tree, tmp_path):
+    sources = folder_splits(tree)
+    reference, out = tmp_path / "reference", tmp_path / "killed"
+    pack(sources, reference, shard_size=SHARD_SIZE)
+    killed = {**sources, "train": Killed(sources["train"], 7)}
+    packer = multiprocessing.get_context("fork").Process(target=partial(pack, killed, out, shard_size=SHARD_SIZE))
+    packer.start()
+    packer.join()
+    assert packer.exitcode == -signal.SIGKILL
+    pack(sources, out, shard_size=SHARD_SIZE)
+    assert sorted(p.name for p in out.iterdir()) == sorted(p.name for p in reference.iterdir())
 
 
 @pytest.mark.parametrize("damage_the_first_shard", [False, True])

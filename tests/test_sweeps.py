@@ -4,7 +4,6 @@ launcher config (the SLURM jobs themselves: tests/slurm)."""
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import pytest
 import yaml
@@ -13,26 +12,9 @@ from hydra.plugins.launcher import Launcher
 from hydra.utils import instantiate
 
 from configs.schema import register
-from tests.conftest import REPO, mllog_events, run_train
+from tests.conftest import REPO, TINY_RUN, run_train, time_to_train_min
 
-# A run of a few seconds: 64 training images at 32 px, one epoch, no warm-up, a fixed batch.
-TINY = (
-    "experiment=smoke",
-    "data.image_size=32",
-    "data.eval_resize=36",
-    "data.synthetic.train_per_class=16",
-    "data.synthetic.val_per_class=8",
-    "data.global_batch=16",
-    "optim.warmup_epochs=0",
-    "run.max_epochs=1",
-    "run.checkpoint=false",
-)
-
-
-def time_to_train_min(run_dir: Path) -> tuple[str, float]:
-    events = {e["key"]: e for e in mllog_events(run_dir / "mlperf.log")}
-    stop, start = events["run_stop"], events["run_start"]
-    return stop["metadata"]["status"], (stop["time_ms"] - start["time_ms"]) / 60_000
+TINY = (*TINY_RUN, "run.max_epochs=1", "run.checkpoint=false")
 
 
 def test_an_optuna_sweep_minimises_time_to_train_and_fails_the_trials_that_miss_the_target(cache_dir, tmp_path):

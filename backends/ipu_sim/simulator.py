@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import partial
 
 from torch import nn
 
@@ -55,7 +54,7 @@ def project(planned: Plan, system: System, workload: Workload) -> None:
     """Print the system's memory plan, the step time by component, and the projected epoch and time-to-train,
     with the range the assumed constants allow, each corner refitted to POD16 as the central value is."""
     pod16 = calibrate.load_system(calibrate.POD16.system)
-    refit = partial(calibrate.fit, calibrate.resnet50_profile(pod16), pod16)
+    refit = calibrate.refitter(calibrate.resnet50_profile(pod16), pod16)
     shape = planned.layout.shape()
 
     def at(constants: Constants) -> Projection:

@@ -29,12 +29,8 @@ def slurm() -> Iterator[Path]:
     if started:
         up = cluster("start")
         assert up.returncode == 0, f"the local SLURM did not start:\n{up.stdout}{up.stderr}"
-    previous = os.environ.get("SLURM_CONF")
-    os.environ["SLURM_CONF"] = str(STATE / "slurm.conf")
-    yield STATE / "slurm.conf"
-    if previous is None:
-        del os.environ["SLURM_CONF"]
-    else:
-        os.environ["SLURM_CONF"] = previous
+    with pytest.MonkeyPatch.context() as session:
+        session.setenv("SLURM_CONF", str(STATE / "slurm.conf"))
+        yield STATE / "slurm.conf"
     if started:
         cluster("stop")
