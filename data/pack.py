@@ -7,9 +7,9 @@
 
 Each shard is written as DIR/.packing/shard.partial (a killed run's is overwritten by the next), flushed and renamed
 when complete; then its entry (count, bytes, sha256 and index rows) is saved in DIR/.packing/. A rerun of the same
-command keeps the leading shards whose size and sha256 still match their entries and packs the rest; the split indexes and, last, manifest.json follow.
-Packing is deterministic (fixed tar header fields, keys from file names), so a resumed pack is byte for byte
-the pack an uninterrupted run writes.
+command keeps the leading shards whose size and sha256 still match their entries and packs the rest; the split
+indexes and, last, manifest.json follow. Packing is deterministic (fixed tar header fields, keys from file names),
+so a resumed pack is byte for byte the pack an uninterrupted run writes.
 """
 
 from __future__ import annotations
