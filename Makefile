@@ -12,7 +12,7 @@ JPEG_CFLAGS := -O3 -mavx2 -fPIC -shared -Wall -Wextra -Wno-unused-parameter -Wno
 
 NPROC ?= 2
 
-.PHONY: train train-dist submission test test-all test-hosts lint peers native clean-venv
+.PHONY: train train-dist submission test test-all test-hosts lint peers native clean-venv gpu-check gpu-wheels gpu-rehearse
 
 train: $(STAMP) $(JPEG_EXT)
 	$(PY) train.py $(ARGS)
@@ -68,9 +68,15 @@ $(STAMP): requirements.txt Makefile
 
 native: $(JPEG_EXT)
 
+# JPEG_PREFIX: where libjpeg-turbo's headers and library lie; the GPU check points it at the Debian packages that
+# `make gpu-wheels` unpacks into .gpu/jpeg/usr (the library then found by rpath).
+JPEG_PREFIX ?= /usr
+JPEG_PATHS := $(if $(filter /usr,$(JPEG_PREFIX)),,-I$(JPEG_PREFIX)/include -I$(JPEG_PREFIX)/include/x86_64-linux-gnu \
+	-L$(JPEG_PREFIX)/lib/x86_64-linux-gnu -Wl,-rpath,$(abspath $(JPEG_PREFIX)/lib/x86_64-linux-gnu))
+
 $(JPEG_EXT): data/jpeg/_jpeg.c
-	@test -f /usr/include/jpeglib.h || { echo "error: libjpeg headers missing: apt-get install libjpeg62-turbo-dev"; exit 2; }
-	cc $(JPEG_CFLAGS) -I$(PY_INCLUDE) $< -ljpeg -lm -o $@
+	@test -f $(JPEG_PREFIX)/include/jpeglib.h || { echo "error: libjpeg headers missing: apt-get install libjpeg62-turbo-dev"; exit 2; }
+	cc $(JPEG_CFLAGS) -I$(PY_INCLUDE) $(JPEG_PATHS) $< -ljpeg -lm -o $@
 
 # The decoder under AddressSanitizer and UBSan, built beside the normal one (which it never replaces), and the JPEG
 # tests with the seeded fuzz run against it (FUZZ_EXAMPLES=30000 for a long run). Python loads it through
@@ -94,3 +100,38 @@ fuzz-asan: $(STAMP) $(ASAN_EXT)
 
 clean-venv:
 	rm -rf $(VENV)
+
+# The one-shot GPU check (bench/gpu/check.py), run first whenever a GPU is lent: on the GPU machine, with the
+# folder .gpu that `make gpu-wheels` prepared carried along, `make gpu-check` writes gpu.json, gpu.md and the
+# stages' logs into $OUT. Its Python is the machine's own (python3, with torch): no venv.
+GPU_OUT ?= $(if $(OUT),$(OUT),build/gpu-check)
+gpu-check:
+	$(PYTHON) -m bench.gpu.check --out $(GPU_OUT) $(ARGS)
+
+# What the GPU machine lacks, for the check to carry (.gpu, under 2 MB): the pure-Python wheels of hydra-core,
+# omegaconf, antlr4 (built here: PyPI has only its source), mlperf-logging and the SLURM launcher; Debian's
+# libjpeg-turbo headers and library; and Python 3.12's headers, for a Python that comes without them.
+GPU_WHEELS := hydra-core==1.3.8 omegaconf==2.3.1 mlperf-logging==4.1.68 hydra-submitit-launcher==1.2.0 submitit==1.5.4
+# Python 3.12 as the GPU machine has it: pyenv's where the shim does not offer it, else python3.12 on the PATH.
+GPU_PYTHON ?= $(firstword $(wildcard $(HOME)/.pyenv/versions/3.12*/bin/python3.12) python3.12)
+gpu-wheels: .gpu/.ready
+
+.gpu/.ready: Makefile
+	rm -rf .gpu && mkdir -p .gpu/wheels .gpu/jpeg .gpu/include
+	$(PYTHON) -m pip download -q --no-deps --only-binary=:all: -d .gpu/wheels $(GPU_WHEELS)
+	$(PYTHON) -m pip wheel -q --no-deps -w .gpu/wheels antlr4-python3-runtime==4.9.3
+	cd .gpu/jpeg && apt-get download -q libjpeg62-turbo libjpeg62-turbo-dev && for deb in *.deb; do dpkg -x $$deb .; done && rm *.deb
+	cp -r "$$($(GPU_PYTHON) -c 'import sysconfig; print(sysconfig.get_paths()["include"])')" .gpu/include/
+	du -sh .gpu
+	touch $@
+
+# The check rehearsed here on the CPU, on the GPU machine's stack (.venv-gpu: requirements-gpu.txt under Python
+# 3.12), at tiny sizes: every stage must end "ok", GPU-only figures "skipped" with the reason.
+GPU_VENV := .venv-gpu
+gpu-rehearse: .gpu/.ready $(GPU_VENV)/.installed
+	$(GPU_VENV)/bin/python -m bench.gpu.check --tiny --out build/gpu-rehearse $(ARGS)
+
+$(GPU_VENV)/.installed: requirements-gpu.txt
+	test -x $(GPU_VENV)/bin/python || $(GPU_PYTHON) -m venv $(GPU_VENV)
+	$(GPU_VENV)/bin/python -m pip install -q -r requirements-gpu.txt
+	touch $@

@@ -39,6 +39,7 @@ import argparse
 import functools
 import importlib.metadata
 import io
+import itertools
 import json
 import math
 import os
@@ -61,7 +62,7 @@ from bench import photos
 from data import jpeg
 from data.datasets import open_dataset
 from data.folder import FolderSplit
-from data.loader import Crops, build_loader
+from data.loader import Batch, Crops, Loader, build_loader
 from data.pack import BLOCK, ensure_shards
 from data.sampler import ShardedSampler
 from data.shards import INDEX_FIELDS, ShardSplit, parse_size
@@ -282,19 +283,25 @@ def loader_throughput(split: Split, workers: int, seconds: float) -> float:
     """Images per second out of data.loader with `workers` processes (all cores together)."""
     batch = batch_of(split)
     sampler = ShardedSampler(len(split), seed=0, shuffle=True, global_batch=batch)
-    loader = build_loader(split, Crops(train=True, size=SIZE), sampler, batch=batch, workers=workers)
-    images, epoch = 0, 0
-    iterator = iter(loader)
-    next(iterator)  # workers started and warm
-    start = time.perf_counter()
+    return throughput(build_loader(split, Crops(train=True, size=SIZE), sampler, batch=batch, workers=workers), seconds)
+
+
+def throughput(loader: Loader, seconds: float) -> float:
+    """Images per second out of `loader` over `seconds`, epoch after epoch, timed from its first batch (its
+    workers started and warm)."""
+    batches = endless(loader)
+    next(batches)
+    images, start = 0, time.perf_counter()
     while (elapsed := time.perf_counter() - start) < seconds:
-        try:
-            images += len(next(iterator)[1])
-        except StopIteration:
-            epoch += 1
-            loader.set_epoch(epoch)
-            iterator = iter(loader)
+        images += len(next(batches)[1])
     return images / elapsed
+
+
+def endless(loader: Loader) -> Iterator[Batch]:
+    """The loader's batches, one epoch after another."""
+    for epoch in itertools.count():
+        loader.set_epoch(epoch)
+        yield from loader
 
 
 def drop_cached_pages(paths: Iterable[Path]) -> None:

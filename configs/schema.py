@@ -109,6 +109,11 @@ class DeviceConfig:
     input_8bit: bool = True  # images cross the host link as uint8 and are normalised on the device
 
 
+# The config's options for speed on a native device, as dotted keys: the GPU check (bench/gpu/step.py) times the
+# step with all of them off, then with each one on alone. An option added for speed joins this list.
+SPEED_OPTIONS = ("device.channels_last",)
+
+
 @dataclass
 class DistConfig:
     grad_accum: int = 1  # micro-batches per weight update

@@ -26,7 +26,7 @@ import torch.distributed as dist
 from distributed.topology import Topology
 
 T = TypeVar("T")
-BACKENDS = {"cpu": "gloo", "cuda": "nccl"}
+BACKENDS = {"cpu": "gloo", "ipu_sim": "gloo", "cuda": "nccl"}  # the simulated IPU runs on the host
 BEAT_S = 0.5
 
 

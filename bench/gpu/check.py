@@ -1,0 +1,233 @@
+"""The one-shot GPU check: everything the harness must show on a GPU, in one command of at most 8 minutes.
+
+    make gpu-check                   # on the GPU machine: python3 -m bench.gpu.check --out $OUT
+    make gpu-rehearse                # here: the same on the CPU with torch 2.11, at tiny sizes (--tiny)
+    python -m bench.gpu.check --out DIR [--tiny] [--stages step,e2e] [--budget 450]
+
+First `setup`: the wheels `make gpu-wheels` carried (hydra-core, omegaconf, mlperf-logging, ...) installed into
+build/gpu-site where this Python lacks them, and the JPEG decoder compiled (`make native`, against the carried
+libjpeg-turbo headers when they came along). Then each stage runs in its own process, with its own time cap cut
+to what is left of the budget; a stage that fails or runs out of time is recorded with the tail of its log, and
+the next one runs:
+
+  env     versions, the GPU's name, memory and clocks, the decoder loaded          bench/gpu/env.py
+  tests   the tests marked cuda (pytest -m cuda)                                 tests/test_cuda.py
+  smoke   train.py experiment=smoke on the device, to its target, log checked    bench/gpu/smoke.py
+  step    the step at 224 px, batch 256: bare loop, timm, harness and options     bench/gpu/step.py
+  loader  the input pipeline at 224 px with 4, 8 and 15 workers                  bench/gpu/pipeline.py
+  e2e     the harness end to end, the loader feeding, fastest settings found      bench/gpu/pipeline.py
+
+DIR receives gpu.json ({"stages": {name: {"status": "ok" | "failed" | "skipped", "seconds": ..., figures}}}),
+gpu.md (the tables) and one log per stage (six files: with the two, the eight files a device call brings back).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import sysconfig
+import time
+import xml.etree.ElementTree as ET
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+CARRIED = REPO / ".gpu"  # what `make gpu-wheels` prepares: wheels/, jpeg/ (libjpeg-turbo), include/ (Python)
+SITE = REPO / "build" / "gpu-site"
+NEEDED = ("hydra", "omegaconf", "mlperf_logging", "submitit", "hydra_plugins.hydra_submitit_launcher")
+TAIL_LINES = 15
+Figures = dict[str, object]
+
+
+@dataclass(frozen=True)
+class Stage:
+    """A command run in its own process, and how to read what it measured from the scratch folder afterwards."""
+
+    name: str
+    cap_s: float  # on a GPU; the rehearsal's tiny sizes finish far inside it
+    command: Callable[[argparse.Namespace], list[str]]  # from the check's arguments (its scratch folder, --tiny)
+    result: str  # the file in the scratch folder that it writes what it measured to
+    figures: Callable[[Path], Figures]  # read from that file
+
+
+def bench_stage(name: str, cap_s: float, module: str, *module_args: str) -> Stage:
+    """A stage that is a bench.gpu module: it writes its figures to WORK/<name>.json (bench/gpu/stage.py)."""
+
+    def command(args: argparse.Namespace) -> list[str]:
+        tiny = ["--tiny"] if args.tiny else []
+        return [sys.executable, "-m", module, *module_args, "--json", str(args.work / f"{name}.json"),
+                "--work", str(args.work), *tiny]  # fmt: skip
+
+    return Stage(name, cap_s, command, f"{name}.json", lambda path: json.loads(path.read_text()))
+
+
+def cuda_tests(args: argparse.Namespace) -> list[str]:
+    """pytest -m cuda over the test files that hold cuda tests (the others may import what the GPU machine lacks)."""
+    files = sorted(
+        str(path.relative_to(REPO)) for path in (REPO / "tests").rglob("test_*.py") if "mark.cuda" in path.read_text()
+    )
+    junit = args.work / "tests.xml"
+    return [sys.executable, "-m", "pytest", "-q", "-m", "cuda", "-p", "no:cacheprovider", f"--junitxml={junit}", *files]
+
+
+def junit_counts(path: Path) -> Figures:
+    """Passed, failed, skipped and errors from pytest's JUnit XML report."""
+    suite = ET.parse(path).getroot()
+    suite = suite.find("testsuite") if suite.tag == "testsuites" else suite
+    counts = {key: int(suite.get(key, 0)) for key in ("tests", "failures", "errors", "skipped")}
+    counts["passed"] = counts["tests"] - counts["failures"] - counts["errors"] - counts["skipped"]
+    if counts["skipped"] and not counts["passed"]:
+        counts["skipped_reason"] = "no CUDA device: every cuda test skips here"
+    return counts
+
+
+STAGES = (
+    bench_stage("env", 60, "bench.gpu.env"),
+    Stage("tests", 120, cuda_tests, "tests.xml", junit_counts),
+    bench_stage("smoke", 120, "bench.gpu.smoke"),
+    bench_stage("step", 200, "bench.gpu.step"),
+    bench_stage("loader", 100, "bench.gpu.pipeline", "loader"),
+    bench_stage("e2e", 90, "bench.gpu.pipeline", "e2e"),
+)
+
+
+def setup() -> tuple[Figures, dict[str, str]]:
+    """Install the carried wheels where this Python lacks them and compile the decoder; the figures and the
+    environment the stages run in."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    figures: Figures = {}
+    missing = [name for name in NEEDED if not _importable(name)]
+    if missing:
+        wheels = sorted(str(path) for path in (CARRIED / "wheels").glob("*.whl"))
+        if not wheels:
+            raise RuntimeError(f"{', '.join(missing)} missing and no wheels in {CARRIED}/wheels: run make gpu-wheels")
+        pip = [sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile"]
+        _run([*pip, "--upgrade", "--target", str(SITE), *wheels], env)
+        figures["wheels"] = f"{len(wheels)} installed into {SITE.relative_to(REPO)} for {', '.join(missing)}"
+    if SITE.is_dir():
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(SITE), str(REPO), env.get("PYTHONPATH")]))
+    figures["decoder"] = build_decoder(env)
+    return figures, env
+
+
+def build_decoder(env: dict[str, str]) -> str:
+    """`make native` for this Python, against the carried libjpeg-turbo where it came along (its library then
+    found by rpath), with the carried Python headers where this Python has none."""
+    include = Path(sysconfig.get_paths()["include"])
+    if not (include / "Python.h").exists():
+        include = CARRIED / "include" / f"python{sys.version_info.major}.{sys.version_info.minor}"
+    jpeg = CARRIED / "jpeg" / "usr"
+    prefix = jpeg if (jpeg / "include" / "jpeglib.h").exists() else Path("/usr")
+    make = [
+        "make",
+        "--no-print-directory",
+        "native",
+        f"PYTHON={sys.executable}",
+        f"PY_INCLUDE={include}",
+        f"JPEG_PREFIX={prefix}",
+    ]
+    output = _run(make, env)
+    return f"make native JPEG_PREFIX={prefix} PY_INCLUDE={include}: {output.strip().splitlines()[-1]}"
+
+
+def run_stage(stage: Stage, env: dict[str, str], args: argparse.Namespace, cap_s: float) -> Figures:
+    """One stage in its own process, its log in OUT/<name>.log; its status, seconds and figures, and where it
+    failed, why, with the tail of its log."""
+    command = stage.command(args)
+    result_file = args.work / stage.result
+    result_file.unlink(missing_ok=True)  # no figures of an earlier check
+    log = args.out / f"{stage.name}.log"
+    started = time.perf_counter()
+    with log.open("w") as out:
+        out.write(" ".join(command) + "\n\n")
+        out.flush()
+        try:
+            done = subprocess.run(command, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT, timeout=cap_s)
+            problem = None if done.returncode == 0 else f"exit status {done.returncode}"
+        except subprocess.TimeoutExpired:
+            problem = f"timed out after {cap_s:.0f} s"
+    result: Figures = {"status": "ok" if problem is None else "failed"}
+    result["seconds"] = round(time.perf_counter() - started, 1)
+    if result_file.exists():
+        result = stage.figures(result_file) | result
+    if problem:
+        result["error"] = f"{problem}: " + " | ".join(log.read_text().splitlines()[-TAIL_LINES:])
+    return result
+
+
+def check(args: argparse.Namespace, stages: tuple[Stage, ...] = STAGES) -> dict[str, Figures]:
+    """Setup, then each wanted stage while the budget lasts; gpu.json and gpu.md rewritten after each."""
+    deadline = time.perf_counter() + args.budget
+    args.work.mkdir(parents=True, exist_ok=True)
+    args.out.mkdir(parents=True, exist_ok=True)
+    results: dict[str, Figures] = {}
+    started = time.perf_counter()
+    try:
+        figures, env = setup()
+        results["setup"] = {"status": "ok", **figures}
+    except (RuntimeError, subprocess.SubprocessError, OSError) as err:
+        results["setup"] = {"status": "failed", "error": str(err)[-2000:]}
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    results["setup"]["seconds"] = round(time.perf_counter() - started, 1)
+    for stage in stages:
+        if args.stages and stage.name not in args.stages:
+            continue
+        left = deadline - time.perf_counter()
+        if left < 10:
+            results[stage.name] = {"status": "skipped", "seconds": 0, "reason": "the check's time budget ran out"}
+        else:
+            results[stage.name] = run_stage(stage, env, args, min(stage.cap_s, left))
+        print(f"{stage.name}: {results[stage.name]['status']} in {results[stage.name]['seconds']} s", flush=True)
+        write(results, args.out)
+    return results
+
+
+def write(stages: dict[str, Figures], out: Path) -> None:
+    from bench.gpu.report import table
+
+    (out / "gpu.json").write_text(json.dumps({"stages": stages}, indent=1))
+    (out / "gpu.md").write_text(table(stages))
+
+
+def _importable(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except ModuleNotFoundError:
+        return False
+
+
+def _run(command: list[str], env: dict[str, str]) -> str:
+    done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=120, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"{' '.join(command[:6])} ... failed: {(done.stdout + done.stderr)[-1500:]}")
+    return done.stdout or "done"
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m bench.gpu.check", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT") or "build/gpu-check"))
+    parser.add_argument("--work", type=Path, default=REPO / "build" / "gpu-work", help="the stages' scratch folder")
+    parser.add_argument("--tiny", action="store_true", help="the CPU rehearsal: tiny sizes")
+    names = [stage.name for stage in STAGES]
+    parser.add_argument("--stages", type=lambda text: text.split(","), help=f"of {','.join(names)} (default: all)")
+    parser.add_argument("--budget", type=float, default=450.0, help="seconds for all stages, setup included")
+    args = parser.parse_args(argv)
+    if unknown := set(args.stages or ()) - set(names):
+        parser.error(f"--stages: no stage {', '.join(sorted(unknown))}; the stages are {', '.join(names)}")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    results = check(args)
+    print((args.out / "gpu.md").read_text())
+    return 0 if all(result["status"] != "failed" for result in results.values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

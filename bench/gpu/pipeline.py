@@ -1,0 +1,126 @@
+"""Stages `loader` and `e2e`: the input pipeline at 224 px on ImageNet-like JPEGs, alone and feeding the step.
+
+    loader  data.loader as train.py builds it (assemble.make_loader: the fused decode-and-crop, pinned batches on
+            CUDA) with each worker count, batch 256, timed for a few seconds from its first batch
+    e2e     the harness end to end: that loader feeding backend.train_step, with the fastest precision, speed
+            options and worker count the earlier stages found (check.py passes them), for a fixed number of steps
+
+The JPEGs are bench.photos' photo-like images in ImageNet's common sizes and a spread of its qualities, dealt over
+8 classes in ImageNet's folder layout, generated once into the check's scratch folder for both stages. The
+dataset holds 16 batches, so an epoch ends every 16 steps and the workers' restart at each epoch boundary is
+timed too: a real epoch of ImageNet has 5,000 batches of 256, so these figures are if anything low.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+from pathlib import Path
+
+from assemble import build_backend, make_loader, open_splits, precision_policy
+from bench import photos
+from bench.gpu import stage
+from bench.gpu.step import PRECISIONS
+from bench.loader import endless, throughput
+from configs.schema import SPEED_OPTIONS
+from distributed import Topology
+
+# ImageNet's most common sizes (width x height), with qualities spread over the 75 to 95 its files were saved at.
+MIX = (((500, 375), 90), ((375, 500), 85), ((500, 333), 95), ((500, 500), 80), ((640, 480), 75))
+CLASSES = 8
+VAL_IMAGES = 16
+LOADER_SECONDS = {False: 6.0, True: 1.0}  # per worker count: full, tiny
+
+
+def imagenet_like(root: Path, images: int) -> Path:
+    """`images` JPEGs in ROOT/train/<class>/ (and a few in ROOT/val/), made once."""
+    if (root / "val").is_dir():
+        return root
+    for part, (size, quality) in enumerate(MIX):
+        made = photos.generate(
+            root.with_name(f"part{part}"),
+            images=images // len(MIX),
+            classes=CLASSES,
+            size=size,
+            quality=quality,
+            seed=part,
+        )
+        for path in sorted((made.root / "train").rglob("*.JPEG")):
+            target = root / "train" / path.parent.name / f"q{quality}_{path.name}"
+            target.parent.mkdir(parents=True, exist_ok=True)
+            path.rename(target)
+        shutil.rmtree(made.root)
+    val = photos.generate(root.with_name("val-part"), images=VAL_IMAGES, classes=CLASSES, seed=len(MIX))
+    (val.root / "train").rename(root / "val")
+    shutil.rmtree(val.root)
+    return root
+
+
+def config(args: argparse.Namespace, sizes: stage.Sizes, *overrides: str):  # -> configs.schema.Config
+    root = imagenet_like(args.work / "photos", sizes.photos)
+    return stage.composed(
+        [
+            "experiment=imagenet",
+            f"data.root={root}",
+            f"device={stage.device().type}",
+            f"data.global_batch={sizes.batch}",
+            f"data.image_size={sizes.image}",
+            *overrides,
+        ]
+    )
+
+
+def loader(args: argparse.Namespace, sizes: stage.Sizes) -> stage.Figures:
+    rates: dict[str, float] = {}
+    for workers in sizes.workers:
+        cfg = config(args, sizes, f"data.workers={workers}")
+        train, _ = open_splits(cfg, Topology())
+        batches = make_loader(cfg, train, Topology(), train=True, batch=sizes.batch, device=stage.device())
+        rates[str(workers)] = round(throughput(batches, LOADER_SECONDS[args.tiny]), 1)
+        print(workers, "workers:", rates[str(workers)], "img/s", flush=True)
+    return {"batch": sizes.batch, "image": sizes.image, "images": sizes.photos, "img_s_by_workers": rates}
+
+
+def fastest(work: Path) -> list[str]:
+    """The overrides of the fastest harness step the `step` stage measured (its precision, and each speed option
+    that beat the base row), with the worker count the `loader` stage found fastest (their figures in WORK)."""
+    step, loader = (
+        {} if not (work / f"{name}.json").exists() else json.loads((work / f"{name}.json").read_text())
+        for name in ("step", "loader")
+    )
+    rows = step.get("rows", {})
+
+    def rate(name: str) -> float:
+        row = rows.get(name)
+        return row["img_s"] if isinstance(row, dict) else 0.0
+
+    overrides = [f"precision={PRECISIONS[max(PRECISIONS, key=rate)]}"]
+    overrides += [f"{option}={str(rate('+' + option) > rate('base')).lower()}" for option in SPEED_OPTIONS]
+    workers = loader.get("img_s_by_workers")
+    if workers:
+        overrides.append(f"data.workers={max(workers, key=workers.get)}")
+    return overrides
+
+
+def e2e(args: argparse.Namespace, sizes: stage.Sizes) -> stage.Figures:
+    overrides = fastest(args.work)
+    cfg = config(args, sizes, *overrides)
+    device = stage.device()
+    train, _ = open_splits(cfg, Topology())
+    batches = endless(make_loader(cfg, train, Topology(), train=True, batch=sizes.batch, device=device))
+    backend = build_backend(cfg, 1000, device, Topology(), precision_policy(cfg, device))
+    lr = cfg.optim.base_lr / 100
+
+    def step() -> object:
+        return backend.train_step(*next(batches), lr)
+
+    seconds = stage.timed_steps(step, sizes.warmup, sizes.steps)
+    return {"img_s": round(sizes.steps * sizes.batch / seconds, 1), "overrides": " ".join(overrides)}
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["loader"]:
+        sys.exit(stage.main(loader, argv=sys.argv[2:]))
+    sys.exit(stage.main(e2e, argv=sys.argv[2:]))

@@ -1,0 +1,141 @@
+"""Stage `step`: the train step at 224 px, batch 256, on a synthetic batch already on the GPU.
+
+Rows, each built fresh in this process and timed alone (warm-up steps first, the device drained around the
+timed ones), with its peak GPU memory:
+
+  bare           torchvision's ResNet-50, channels-last, forward under torch.autocast (bf16), loss in fp32,
+                 torch.optim.SGD(fused=True, momentum 0.9): no harness code, the input a normalised float batch
+  timm           timm's resnet50 trained the same way (the GPU machine's timm; skipped where timm is missing)
+  fp32 bf16 fp16 the harness (backends.native through assemble.build_backend, the config's optimizer: LARS)
+                 with configs/precision/<name>.yaml, the uint8 NHWC batch normalised inside the model
+  sgd            the harness in bf16 with optim=sgd: the bare loop's optimizer
+  base, +OPTION  the harness in bf16 with every speed option of the config off, then each one on alone
+                 (configs.schema.SPEED_OPTIONS: the set grows as options are added)
+  bare_again     the bare loop once more, last: how far two timings of the same loop differ
+
+cuDNN's autotuner (torch.backends.cudnn.benchmark) is on for every row, as every GPU training script sets it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import sys
+import traceback
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+import torchvision
+
+from assemble import build_backend, precision_policy
+from bench.gpu import stage
+from configs.schema import SPEED_OPTIONS
+from distributed import Topology
+
+CLASSES = 1000
+LABEL_SMOOTHING = 0.1
+PRECISIONS = {"fp32": "fp32", "bf16": "bf16", "fp16": "fp16.32"}  # row: configs/precision/<file>
+Step = Callable[[], object]
+
+
+def plain_loop(model: torch.nn.Module, images: torch.Tensor, labels: torch.Tensor) -> Step:
+    """The step every PyTorch user writes: autocast forward, fp32 loss, backward, fused SGD."""
+    on_gpu = images.is_cuda
+    model = model.to(images.device, memory_format=torch.channels_last).train()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, fused=on_gpu or None)
+    mean = torch.tensor([0.485, 0.456, 0.406], device=images.device).view(1, 3, 1, 1) * 255
+    std = torch.tensor([0.229, 0.224, 0.225], device=images.device).view(1, 3, 1, 1) * 255
+    inputs = ((images.permute(0, 3, 1, 2).float() - mean) / std).contiguous(memory_format=torch.channels_last)
+
+    def step() -> torch.Tensor:
+        optimizer.zero_grad(set_to_none=True)
+        with torch.autocast(images.device.type, dtype=torch.bfloat16):
+            logits = model(inputs)
+        loss = F.cross_entropy(logits.float(), labels, label_smoothing=LABEL_SMOOTHING)
+        loss.backward()
+        optimizer.step()
+        return loss.detach()
+
+    return step
+
+
+def timm_model() -> torch.nn.Module:
+    import timm
+
+    return timm.create_model("resnet50", num_classes=CLASSES)
+
+
+def harness(overrides: list[str], sizes: stage.Sizes, images: torch.Tensor, labels: torch.Tensor) -> Step:
+    """The harness's train step, built from the config as train.py builds it."""
+    shape = [f"data.global_batch={sizes.batch}", f"data.image_size={sizes.image}", f"data.eval_resize={sizes.image}"]
+    cfg = stage.composed([f"device={images.device.type}", *shape, *overrides])
+    policy = precision_policy(cfg, images.device)
+    backend = build_backend(cfg, CLASSES, images.device, Topology(), policy)
+    lr = cfg.optim.base_lr / 100  # small enough to stay finite
+    return lambda: backend.train_step(images, labels, lr)
+
+
+def rows() -> dict[str, list[str] | str]:
+    """Each row's harness overrides (a str names a peer loop)."""
+    table: dict[str, list[str] | str] = {"bare": "torchvision", "timm": "timm"}
+    table |= {name: [f"precision={file}"] for name, file in PRECISIONS.items()}
+    table["sgd"] = ["precision=bf16", "optim=sgd"]
+    off = [f"{option}=false" for option in SPEED_OPTIONS]
+    table["base"] = ["precision=bf16", *off]
+    table |= {f"+{option}": ["precision=bf16", *off, f"{option}=true"] for option in SPEED_OPTIONS}
+    table["bare_again"] = "torchvision"  # the first row timed again: the spread between them is the noise
+    return table
+
+
+def measure(row: list[str] | str, sizes: stage.Sizes, images: torch.Tensor, labels: torch.Tensor) -> stage.Figures:
+    if torch.cuda.is_available():
+        torch.cuda.reset_peak_memory_stats()
+    if row == "torchvision":
+        step = plain_loop(torchvision.models.resnet50(num_classes=CLASSES), images, labels)
+    elif row == "timm":
+        step = plain_loop(timm_model(), images, labels)
+    else:
+        step = harness(row, sizes, images, labels)
+    seconds = stage.timed_steps(step, sizes.warmup, sizes.steps)
+    loss = float(step())
+    if not torch.isfinite(torch.tensor(loss)):
+        raise RuntimeError(f"the loss is {loss}")
+    figures: stage.Figures = {"img_s": round(sizes.steps * sizes.batch / seconds, 1), "loss": round(loss, 3)}
+    if torch.cuda.is_available():
+        figures["peak_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
+    return figures
+
+
+def run(args: argparse.Namespace, sizes: stage.Sizes) -> stage.Figures:
+    torch.backends.cudnn.benchmark = True
+    device = stage.device()
+    generator = torch.Generator().manual_seed(0)
+    shape = (sizes.batch, sizes.image, sizes.image, 3)
+    images = torch.randint(0, 256, shape, dtype=torch.uint8, generator=generator).to(device)
+    labels = torch.randint(0, CLASSES, (sizes.batch,), generator=generator).to(device)
+    measured: stage.Figures = {}
+    failed = []
+    for name, row in rows().items():
+        try:
+            measured[name] = measure(row, sizes, images, labels)
+        except ModuleNotFoundError as err:
+            measured[name] = f"skipped: {err}"
+        except Exception as err:  # one row's failure must not cost the others their figures
+            traceback.print_exc()
+            measured[name] = f"failed: {type(err).__name__}: {err}"[:300]
+            failed.append(name)
+        print(name, measured[name], flush=True)
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    figures: stage.Figures = {"batch": sizes.batch, "image": sizes.image, "steps": sizes.steps, "rows": measured}
+    if not torch.cuda.is_available():
+        figures["peak_gib"] = stage.no_gpu("peak GPU memory")
+    if failed:
+        figures["failed"] = failed
+    return figures
+
+
+if __name__ == "__main__":
+    sys.exit(stage.main(run))
