@@ -7,8 +7,8 @@
 
 The JPEGs are bench.photos' photo-like images in ImageNet's common sizes and a spread of its qualities, dealt over
 8 classes in ImageNet's folder layout, generated once into the check's scratch folder for both stages. The
-dataset holds 16 batches, so an epoch ends every 16 steps and the workers' restart at each epoch boundary is
-timed too: a real epoch of ImageNet has 5,000 batches of 256, so these figures are if anything low.
+dataset holds 15 batches, so an epoch ends every 15 steps and the workers' restart at each epoch boundary is
+timed too: a real epoch of ImageNet has 5,004 batches of 256, so these figures are if anything low.
 """
 
 from __future__ import annotations
@@ -22,14 +22,14 @@ from pathlib import Path
 from assemble import build_backend, make_loader, open_splits, precision_policy
 from bench import photos
 from bench.gpu import stage
-from bench.gpu.step import PRECISIONS
+from bench.gpu.step import CLASSES, PRECISIONS
 from bench.loader import endless, throughput
-from configs.schema import SPEED_OPTIONS
+from configs.schema import SPEED_OPTIONS, Config
 from distributed import Topology
 
 # ImageNet's most common sizes (width x height), with qualities spread over the 75 to 95 its files were saved at.
 MIX = (((500, 375), 90), ((375, 500), 85), ((500, 333), 95), ((500, 500), 80), ((640, 480), 75))
-CLASSES = 8
+PHOTO_CLASSES = 8
 VAL_IMAGES = 16
 LOADER_SECONDS = {False: 6.0, True: 1.0}  # per worker count: full, tiny
 
@@ -42,7 +42,7 @@ def imagenet_like(root: Path, images: int) -> Path:
         made = photos.generate(
             root.with_name(f"part{part}"),
             images=images // len(MIX),
-            classes=CLASSES,
+            classes=PHOTO_CLASSES,
             size=size,
             quality=quality,
             seed=part,
@@ -52,13 +52,13 @@ def imagenet_like(root: Path, images: int) -> Path:
             target.parent.mkdir(parents=True, exist_ok=True)
             path.rename(target)
         shutil.rmtree(made.root)
-    val = photos.generate(root.with_name("val-part"), images=VAL_IMAGES, classes=CLASSES, seed=len(MIX))
+    val = photos.generate(root.with_name("val-part"), images=VAL_IMAGES, classes=PHOTO_CLASSES, seed=len(MIX))
     (val.root / "train").rename(root / "val")
     shutil.rmtree(val.root)
     return root
 
 
-def config(args: argparse.Namespace, sizes: stage.Sizes, *overrides: str):  # -> configs.schema.Config
+def config(args: argparse.Namespace, sizes: stage.Sizes, *overrides: str) -> Config:
     root = imagenet_like(args.work / "photos", sizes.photos)
     return stage.composed(
         [
@@ -86,11 +86,7 @@ def loader(args: argparse.Namespace, sizes: stage.Sizes) -> stage.Figures:
 def fastest(work: Path) -> list[str]:
     """The overrides of the fastest harness step the `step` stage measured (its precision, and each speed option
     that beat the base row), with the worker count the `loader` stage found fastest (their figures in WORK)."""
-    step, loader = (
-        {} if not (work / f"{name}.json").exists() else json.loads((work / f"{name}.json").read_text())
-        for name in ("step", "loader")
-    )
-    rows = step.get("rows", {})
+    rows = _measured(work, "step").get("rows", {})
 
     def rate(name: str) -> float:
         row = rows.get(name)
@@ -98,10 +94,15 @@ def fastest(work: Path) -> list[str]:
 
     overrides = [f"precision={PRECISIONS[max(PRECISIONS, key=rate)]}"]
     overrides += [f"{option}={str(rate('+' + option) > rate('base')).lower()}" for option in SPEED_OPTIONS]
-    workers = loader.get("img_s_by_workers")
+    workers = _measured(work, "loader").get("img_s_by_workers")
     if workers:
         overrides.append(f"data.workers={max(workers, key=workers.get)}")
     return overrides
+
+
+def _measured(work: Path, stage_name: str) -> stage.Figures:
+    path = work / f"{stage_name}.json"
+    return json.loads(path.read_text()) if path.exists() else {}
 
 
 def e2e(args: argparse.Namespace, sizes: stage.Sizes) -> stage.Figures:
@@ -110,7 +111,7 @@ def e2e(args: argparse.Namespace, sizes: stage.Sizes) -> stage.Figures:
     device = stage.device()
     train, _ = open_splits(cfg, Topology())
     batches = endless(make_loader(cfg, train, Topology(), train=True, batch=sizes.batch, device=device))
-    backend = build_backend(cfg, 1000, device, Topology(), precision_policy(cfg, device))
+    backend = build_backend(cfg, CLASSES, device, Topology(), precision_policy(cfg, device))
     lr = cfg.optim.base_lr / 100
 
     def step() -> object:

@@ -11,6 +11,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from hydra import compose, initialize_config_module
+from omegaconf import OmegaConf
+
+from configs.schema import Config, register, validate
 
 Figures = dict[str, object]
 
@@ -45,13 +49,8 @@ def synchronize() -> None:
         torch.cuda.synchronize()
 
 
-def composed(overrides: list[str]):  # -> configs.schema.Config
+def composed(overrides: list[str]) -> Config:
     """The run's Config from configs/ with `overrides`, composed and validated as train.py does it."""
-    from hydra import compose, initialize_config_module
-    from omegaconf import OmegaConf
-
-    from configs.schema import register, validate
-
     register()
     with initialize_config_module("configs", version_base="1.3"):
         cfg = OmegaConf.to_object(compose("config", overrides=overrides))
@@ -71,19 +70,13 @@ def timed_steps(step: Callable[[], object], warmup: int, steps: int) -> float:
     return time.perf_counter() - started
 
 
-def main(
-    run: Callable[[argparse.Namespace, Sizes], Figures],
-    add_arguments: Callable[[argparse.ArgumentParser], None] | None = None,
-    argv: list[str] | None = None,
-) -> int:
+def main(run: Callable[[argparse.Namespace, Sizes], Figures], argv: list[str] | None = None) -> int:
     """`python -m bench.gpu.<stage> --json FILE [--tiny] [--work DIR] ...`: run the stage, write its figures;
     exit status 1 where some of its measurements failed (their names under "failed")."""
     parser = argparse.ArgumentParser()
     parser.add_argument("--json", type=Path, required=True, help="where the stage's figures go")
     parser.add_argument("--tiny", action="store_true", help="the CPU rehearsal's sizes")
     parser.add_argument("--work", type=Path, default=Path("build/gpu-work"), help="scratch shared by the stages")
-    if add_arguments:
-        add_arguments(parser)
     args = parser.parse_args(argv)
     args.work.mkdir(parents=True, exist_ok=True)
     figures = run(args, TINY if args.tiny else FULL)
