@@ -129,7 +129,7 @@ gpu-wheels: .gpu/.ready
 # 3.12), at tiny sizes: every stage must end "ok", GPU-only figures "skipped" with the reason.
 GPU_VENV := .venv-gpu
 gpu-rehearse: .gpu/.ready $(GPU_VENV)/.installed
-	$(GPU_VENV)/bin/python -m bench.gpu.check --tiny --out build/gpu-rehearse $(ARGS)
+	$(GPU_VENV)/bin/python -m bench.gpu.check --tiny --budget 1800 --out build/gpu-rehearse $(ARGS)
 
 $(GPU_VENV)/.installed: requirements-gpu.txt
 	test -x $(GPU_VENV)/bin/python || $(GPU_PYTHON) -m venv $(GPU_VENV)
