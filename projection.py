@@ -1,6 +1,9 @@
-"""run.mode=project: the simulated IPU system's memory plan and projected time-to-train (no data, no MLPerf log)."""
+"""run.mode=project: the simulated IPU system's memory plan and projected time-to-train (no data, no MLPerf log),
+printed and kept in the run directory: projection.txt (all of it) and projection.json (its figures)."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import torch
 
@@ -9,11 +12,15 @@ from backends.ipu_sim import simulator
 from configs.schema import Config
 
 
-def project(cfg: Config) -> None:
+def project(cfg: Config, out_dir: Path | None) -> None:
     """Probe the model on the host, then print the system's memory plan, the step time by component, and the
-    projected epoch and time-to-train for run.max_epochs."""
+    projected epoch and time-to-train for run.max_epochs; write them into `out_dir` too (rank 0's)."""
     torch.manual_seed(cfg.run.seed)
     classes, train_images, eval_images = dataset_shape(cfg)
     plan = ipu_plan(cfg, build_model(cfg, classes))
     workload = simulator.Workload(cfg.run.max_epochs, train_images, eval_images, cfg.mlperf.eval_every)
-    simulator.project(plan, cfg.device.system, workload)
+    text = simulator.project(plan, cfg.device.system, workload)
+    print(text, flush=True)
+    if out_dir is not None:
+        (out_dir / "projection.txt").write_text(text + "\n")
+        (out_dir / "projection.json").write_text(text.rsplit("\n", 1)[-1] + "\n")

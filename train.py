@@ -51,7 +51,9 @@ from assemble import (
 from backends import checkpoint
 from backends.checkpoint import CheckpointError
 from benchmark import benchmark
+from configs.errors import describe
 from configs.schema import Config, ConfigError, register, training_fingerprint, validate
+from data.datasets import describe_dataset
 from data.loader import Loader
 from data.split import DatasetError
 from data.synthetic import CACHE_ENV
@@ -60,7 +62,7 @@ from distributed.stop import RESUME_SCRIPT, StopRequested, catch_stop_signals, t
 from mlperf_logs.hyperparameters import Submission, log_hyperparameters, log_submission
 from mlperf_logs.logger import RESUMED, MLPerfLogger, constants, keep_attempt, truncate_to
 from mlperf_logs.metrics import TENSORBOARD, EpochMetrics, EpochTimer, MetricsCSV, plot
-from mlperf_logs.progress import Progress, epoch_line, print_summary
+from mlperf_logs.progress import Progress, epoch_line, job_log, print_summary, say
 from optim import Schedule
 from optim.precision import NonFiniteLoss
 from projection import project
@@ -69,6 +71,7 @@ USER_ERRORS = (ConfigError, DatasetError, CheckpointError, LaunchError, HydraExc
 CHECKPOINT = "checkpoint.pt"
 FINAL_WEIGHTS = "model.pt"
 METRICS = "metrics.csv"
+PLOT = "metrics.png"
 NO_TRIAL_COMPLETED = "No trials are completed yet."  # optuna's study.best_trial, when every trial failed
 
 register()
@@ -84,11 +87,12 @@ def main(raw: DictConfig) -> float | None:
         if cfg.run.mode == "benchmark":
             benchmark(cfg, topology)
         elif cfg.run.mode == "project":
-            project(cfg)
+            project(cfg, Path(HydraConfig.get().runtime.output_dir) if topology.is_main else None)
         else:
             catch_stop_signals()  # SIGTERM, SIGINT, SIGUSR1: checkpoint and end the log at the next step boundary
             out_dir = distributed.agree_on_output_dir(Path(HydraConfig.get().runtime.output_dir))
-            status, minutes = train(cfg, out_dir, topology, resolved=OmegaConf.to_yaml(raw, resolve=True))
+            with job_log():  # train.log holds what the terminal shows
+                status, minutes = train(cfg, out_dir, topology, resolved=OmegaConf.to_yaml(raw, resolve=True))
             return sweep_objective(status, minutes)
     return None
 
@@ -135,11 +139,12 @@ def train(cfg: Config, out_dir: Path, topology: Topology, resolved: str) -> tupl
 
     # Model, optimizer with the MLPerf parameter groups, precision policy; the schedule as a function of the step.
     if topology.is_main:
-        print(f"precision {policy.describe()}", flush=True)
+        say(describe_dataset(train_split, val_split))
+        say(f"precision {policy.describe()}")
         if policy.emulate and policy.compute == "bf16" and cfg.precision.emulate == "auto":
-            print("bf16 is emulated: this CPU has no native bf16 kernels (precision.emulate=never forces them)")
+            say("bf16 is emulated: this CPU has no native bf16 kernels (precision.emulate=never forces them)")
         if topology.distributed:
-            print(f"{topology.world_size} ranks ({topology.launcher}), BN span {bn_span(cfg, topology.world_size)}")
+            say(f"{topology.world_size} ranks ({topology.launcher}), BN span {bn_span(cfg, topology.world_size)}")
     backend = build_backend(cfg, len(train_split.classes), device, topology, policy)
     if cfg.mlperf.clock == "device":
         log.clock = backend.now  # from here on the log, and the time-to-train, are in the simulated IPUs' time
@@ -163,23 +168,36 @@ def train(cfg: Config, out_dir: Path, topology: Topology, resolved: str) -> tupl
     except BaseException as err:  # a bad file under data.corrupt=fail, a lost rank, a stop: the log ends the run
         log.end(constants.RUN_STOP, metadata={constants.STATUS: constants.ABORTED})
         log.close()
+        if topology.is_main:
+            plot_so_far(metrics, out_dir, cfg.mlperf.target_accuracy)  # a stopped or failed run's epochs so far
         if isinstance(err, StopRequested):
             if topology.is_main:
                 where = f"step {loop.step} (epoch {loop.epoch}, {loop.batch} of its {steps_per_epoch} steps done)"
                 tell_how_to_resume(err, where, topology, HydraConfig.get().overrides.task, out_dir, [CACHE_ENV])
             distributed.barrier()  # rank 0's checkpoint and log are whole before any rank exits
         raise
+    finally:
+        for loader in loaders:
+            loader.close()  # the workers, now: not left to the exit handlers (Loader.close says why)
     log.end(constants.RUN_STOP, metadata={constants.STATUS: status})
     minutes = (log.clock() - loop.run_start) / 60
     log.close()
     metrics.close()
     if topology.is_main:
-        plot(metrics.read(), out_dir / "metrics.png", cfg.mlperf.target_accuracy)
+        plot_so_far(metrics, out_dir, cfg.mlperf.target_accuracy)
         checkpoint.save_atomically(out_dir / FINAL_WEIGHTS, backend.state_dict()["model"])
-        (out_dir / CHECKPOINT).unlink(missing_ok=True)  # the run is over: nothing is left to resume
+        for name in (CHECKPOINT, RESUME_SCRIPT):  # the run is over: nothing is left to resume
+            (out_dir / name).unlink(missing_ok=True)
         skipped = {**train_loader.skipped, **val_loader.skipped}
-        print_summary(status, accuracy, loop.epoch - 1, minutes, out_dir, skipped)
+        warned = train_loader.warned | val_loader.warned
+        print_summary(status, accuracy, loop.epoch - 1, minutes, out_dir, skipped, warned)
     return status, minutes
+
+
+def plot_so_far(metrics: MetricsCSV, out_dir: Path, target: float) -> None:
+    """metrics.png from the epochs ended so far, on rank 0 (which writes metrics.csv); none before the first."""
+    if metrics.path is not None and (rows := metrics.read()):
+        plot(rows, out_dir / PLOT, target)
 
 
 def train_to_target(
@@ -219,14 +237,11 @@ def train_to_target(
             loss = distributed.mean_over_ranks(loss)
             backend.end_epoch()
         except NonFiniteLoss as err:
-            print(f"error: {err} in epoch {epoch}; stopping (run_stop aborted)", file=sys.stderr)
+            say(f"error: {err} in epoch {epoch}; stopping (run_stop aborted)", error=True)
             return constants.ABORTED, accuracy
         images_per_s = (loop.batch - first_batch) * cfg.data.global_batch / (log.clock() - started)
         if not math.isfinite(loss):
-            print(
-                f"error: the training loss is {loss} in epoch {epoch}; stopping (run_stop aborted)",
-                file=sys.stderr,
-            )
+            say(f"error: the training loss is {loss} in epoch {epoch}; stopping (run_stop aborted)", error=True)
             return constants.ABORTED, accuracy
         accuracy = None
         if epoch in evals:
@@ -339,7 +354,7 @@ def resume(state: dict, backend: backends.Backend, log: MLPerfLogger, metrics: M
         attempt = keep_attempt(log.path)
         truncate_to(log.path, state["log_sizes"]["mlperf"])
         log.event(RESUMED, {"step": loop.step, "epoch": loop.epoch, "stopped_attempt_log": attempt.name})
-        print(f"resuming at epoch {loop.epoch} (step {loop.step}, {loop.batch} steps into the epoch)", flush=True)
+        say(f"resuming at epoch {loop.epoch} (step {loop.step}, {loop.batch} steps into the epoch)")
     return loop
 
 
@@ -375,8 +390,7 @@ if __name__ == "__main__":
             sys.argv += distributed.QUIET_HYDRA
         main()
     except USER_ERRORS as err:
-        cause = f"\n{err.__cause__}" if isinstance(err, HydraException) and err.__cause__ else ""
-        print(f"error: {err}{cause}", file=sys.stderr)
+        print(f"error: {describe(err)}", file=sys.stderr)
         sys.exit(2)
     except PeerLost as err:
         print(f"error: {err}", file=sys.stderr)

@@ -35,9 +35,9 @@ def load(path: Path, fingerprint: dict[str, Any]) -> dict[str, Any]:
     except FileNotFoundError as err:
         raise CheckpointError(f"no checkpoint at {path}") from err
     except Exception as err:  # torch raises RuntimeError, pickle and zip errors alike for damaged files
-        raise CheckpointError(f"{path} is damaged or not a checkpoint ({type(err).__name__}: {err})") from err
+        raise _not_a_checkpoint(path) from err
     if not isinstance(state, dict) or "format" not in state:
-        raise CheckpointError(f"{path} is not an rn50perf checkpoint (format {FORMAT})")
+        raise _not_a_checkpoint(path)
     if state["format"] != FORMAT:
         raise CheckpointError(
             f"{path} is in checkpoint format {state['format']}, this rn50perf reads format {FORMAT}: "
@@ -51,6 +51,14 @@ def load(path: Path, fingerprint: dict[str, Any]) -> dict[str, Any]:
     if differences:
         raise CheckpointError(f"{path} was written with other settings: " + "; ".join(differences))
     return state
+
+
+def _not_a_checkpoint(path: Path) -> CheckpointError:
+    """The error for a file that torch cannot read back, or that this harness did not write: what to do about it,
+    and none of torch's advice (loading with weights_only=False would run whatever the file holds)."""
+    return CheckpointError(
+        f"{path} is damaged or not a checkpoint of this harness: remove it, or give a new hydra.run.dir"
+    )
 
 
 def rng_state() -> dict[str, Any]:

@@ -48,6 +48,15 @@ def open_files(name: str, root: str | None, synthetic: SyntheticSpec) -> tuple[F
     return train, open_split(layout.val, classes, labels=layout.val_labels, watch=[layout.root], cache=cache)
 
 
+def describe_dataset(train: Split, val: Split) -> str:
+    """One line for the run's start: the layout recognised (or tar shards) and the images of each split."""
+    counts = f"{len(train):,} training images in {len(train.classes):,} classes, {len(val):,} validation images"
+    if not isinstance(train, FolderSplit):
+        return f"dataset: tar shards, {counts}"
+    layout = find_layout(Path(train.directory).parent)  # the train folder's parent finds each layout again
+    return f"dataset: {layout.name} layout at {layout.root}, {counts}"
+
+
 def dataset_size(name: str, synthetic: SyntheticSpec) -> tuple[int, int, int]:
     """Classes, training and validation images of `name` ("synthetic" or "imagenet"), without reading it."""
     if name == "imagenet":

@@ -119,7 +119,21 @@ def open_split(
         arrays = _scan_flat(directory, labels, classes) if labels else _scan_folders(directory, folders, classes)
         if saved and _settled(stamps, started):
             _save(saved, stamps, classes, arrays)
+    _require_images(directory, folders, classes, arrays[2])
     return FolderSplit(str(directory), *arrays, classes)
+
+
+def _require_images(directory: Path, folders: tuple[str, ...], classes: tuple[str, ...], labels: np.ndarray) -> None:
+    """Refuse a class folder without images (a saved index is checked too): training on the other classes alone,
+    or evaluating without one, would go unnoticed."""
+    counts = dict(zip(classes, np.bincount(labels, minlength=len(classes)).tolist(), strict=True))
+    empty = [folder for folder in folders if counts[folder] == 0]
+    if empty:
+        others = f", nor do {len(empty) - 1} other class folders there" if len(empty) > 1 else ""
+        raise DatasetError(
+            f"{directory / empty[0]} holds no images ({', '.join(IMAGE_SUFFIXES)}){others}: "
+            "add the class's images, or remove the folder"
+        )
 
 
 def _folders(directory: Path) -> list[str]:

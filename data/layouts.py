@@ -39,12 +39,14 @@ SHOWN_ENTRIES = 8
 
 @dataclass(frozen=True)
 class Layout:
-    """Where a dataset's splits are: `train` holds class folders; `val` too, unless `val_labels` class it."""
+    """Where a dataset's splits are: `train` holds class folders; `val` too, unless `val_labels` class it. `name`
+    says whose layout it is: torchvision, Kaggle or image-net.org."""
 
     root: Path
     train: Path
     val: Path
     val_labels: FlatLabels | None = None
+    name: str = "torchvision"
 
 
 def find_layout(root: Path) -> Layout:
@@ -54,11 +56,11 @@ def find_layout(root: Path) -> Layout:
     if kaggle := _kaggle_root(root):
         images = kaggle / KAGGLE_IMAGES
         flat = _holds_images(images / "val")
-        return Layout(kaggle, images / "train", images / "val", _kaggle_labels(kaggle) if flat else None)
+        return Layout(kaggle, images / "train", images / "val", _kaggle_labels(kaggle) if flat else None, "Kaggle")
     train, val = root / "train", root / "val"
     if _holds_folders(train):
         if _holds_images(val):
-            return Layout(root, train, val, _devkit_labels(root))
+            return Layout(root, train, val, _devkit_labels(root), "image-net.org")
         return Layout(root, train, val)
     raise DatasetError(_unknown_layout(root))
 

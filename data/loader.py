@@ -8,9 +8,12 @@ An unreadable or corrupt file is replaced by another sample and reported once, o
 
 from __future__ import annotations
 
+import atexit
 import logging
+import os
 import signal
 import time
+import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -30,6 +33,7 @@ Batch = tuple[torch.Tensor, torch.Tensor]
 CORRUPT_POLICIES = ("skip", "fail")
 REPLACEMENT_TRIES = 10
 WORKER_TIMEOUT_S = 600  # a worker that sends nothing for this long is an error, not a hang
+WORKER_EXIT_S = 5.0  # a worker told to stop that has not exited after this long is killed
 
 
 @dataclass(frozen=True)
@@ -43,7 +47,8 @@ class Crops:
 
 
 class Decoded(NamedTuple):
-    """One worker's batch: the images, their labels, the files it skipped (path, reason) and a fatal error.
+    """One worker's batch: the images, their labels, the files it skipped (path, reason), the files decoded
+    despite libjpeg's corrupt-data warnings (data/jpeg: as PIL decodes them) and a fatal error.
 
     Data errors travel back as values, so the training process raises them with a plain message.
     """
@@ -51,6 +56,7 @@ class Decoded(NamedTuple):
     images: torch.Tensor
     labels: torch.Tensor
     skipped: list[tuple[str, str]]
+    warned: list[str]
     error: str | None
 
 
@@ -85,18 +91,26 @@ class BatchDataset(Dataset):
             images.share_memory_()  # decode into the memory the batch is handed over in
         labels = torch.empty(len(items), dtype=torch.int64)
         skipped: list[tuple[str, str]] = []
+        warned: list[str] = []
         try:
             for slot, (index, seed) in enumerate(items):
-                labels[slot] = self._decode_or_replace(images[slot].numpy(), index, seed, skipped)
+                labels[slot] = self._decode_or_replace(images[slot].numpy(), index, seed, skipped, warned)
         except DatasetError as err:
-            return Decoded(images, labels, skipped, str(err))
-        return Decoded(images, labels, skipped, None)
+            return Decoded(images, labels, skipped, warned, str(err))
+        return Decoded(images, labels, skipped, warned, None)
 
-    def _decode_or_replace(self, out: np.ndarray, index: int, seed: int, skipped: list[tuple[str, str]]) -> int:
-        """Decode sample `index` into `out` and return its label; an unreadable file is swapped for another."""
+    def _decode_or_replace(
+        self, out: np.ndarray, index: int, seed: int, skipped: list[tuple[str, str]], warned: list[str]
+    ) -> int:
+        """Decode sample `index` into `out` and return its label; an unreadable file is swapped for another, a
+        file decoded despite libjpeg's warnings is noted in `warned`."""
         for attempt in range(REPLACEMENT_TRIES):
             try:
-                return self.decode_into(out, index, seed)
+                warnings = jpeg.corrupt_warnings()
+                label = self.decode_into(out, index, seed)
+                if jpeg.corrupt_warnings() > warnings:
+                    warned.append(self.split[index][0])
+                return label
             except (OSError, jpeg.DecodeError) as err:
                 if self.corrupt == "fail":
                     raise DatasetError(f"unreadable file {err}") from err
@@ -119,14 +133,16 @@ class BatchDataset(Dataset):
 
 
 class Loader:
-    """Iterates (images, labels) batches for one rank; reports each skipped file once, by its path, and counts
-    the seconds its reader spent waiting for a batch (`waited_s`, over all epochs)."""
+    """Iterates (images, labels) batches for one rank; reports each skipped file once, by its path, keeps the
+    paths of the files decoded despite libjpeg's warnings (`warned`), and counts the seconds its reader spent
+    waiting for a batch (`waited_s`, over all epochs)."""
 
     def __init__(self, dataset: BatchDataset, sampler: ShardedSampler, *, batch: int, workers: int, pin: bool):
         self.dataset = dataset
         self.sampler = sampler
         self.batch = batch
         self.skipped: dict[str, str] = {}
+        self.warned: set[str] = set()
         self.waited_s = 0.0
         self._loader = DataLoader(
             dataset,
@@ -139,6 +155,32 @@ class Loader:
             timeout=WORKER_TIMEOUT_S if workers > 0 else 0,
             worker_init_fn=_leave_stop_signals_to_the_parent if workers > 0 else None,
         )
+        _unclosed.add(self)
+
+    def __enter__(self) -> Loader:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Stop the worker processes now, and kill any that does not exit within WORKER_EXIT_S.
+
+        The loader owns its workers' lifetime. Workers ignore the stop signals (the training process decides), so
+        they must be stopped by their loader: left to garbage collection, a run that ends in an exception (a stop
+        signal's included, whose traceback holds the loader) reaches multiprocessing's exit handler first, which
+        terminates them with SIGTERM, which they ignore, and then waits for them for ever. torch has no public
+        call that ends a DataLoader's persistent workers, so this uses its iterator's own shutdown."""
+        iterator, self._loader._iterator = self._loader._iterator, None
+        if iterator is None or not hasattr(iterator, "_shutdown_workers"):
+            return
+        workers = list(iterator._workers)
+        iterator._shutdown_workers()  # asks each worker to exit, and waits for it a while
+        for worker in workers:
+            worker.join(timeout=WORKER_EXIT_S)
+            if worker.is_alive() and worker.pid is not None:
+                os.kill(worker.pid, signal.SIGKILL)
+                worker.join()
 
     def set_epoch(self, epoch: int, first_batch: int = 0) -> None:
         """Iterate `epoch` from its `first_batch` on (a run resumed in the middle of the epoch)."""
@@ -153,6 +195,7 @@ class Loader:
                 if path not in self.skipped:
                     self.skipped[path] = reason
                     log.warning("skipped an unreadable file: %s", reason)
+            self.warned.update(decoded.warned)
             if decoded.error is not None:
                 raise DatasetError(decoded.error)
             yield decoded.images, decoded.labels
@@ -165,6 +208,17 @@ class Loader:
             if decoded is None:
                 return
             yield decoded
+
+
+_unclosed: weakref.WeakSet[Loader] = weakref.WeakSet()
+
+
+@atexit.register
+def _close_unclosed_loaders() -> None:
+    """The safety net for loaders their owner did not close. It runs before multiprocessing's own exit handler
+    (registered earlier, so run later), which would wait for ever for workers that ignore its SIGTERM."""
+    for loader in list(_unclosed):
+        loader.close()
 
 
 def _leave_stop_signals_to_the_parent(worker_id: int) -> None:

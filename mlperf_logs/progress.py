@@ -3,7 +3,10 @@ line of figures and the run's summary."""
 
 from __future__ import annotations
 
+import logging
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -12,6 +15,30 @@ from tqdm import tqdm
 from mlperf_logs.metrics import EpochMetrics
 
 REFRESH_STEPS = 5  # reading the loss is a host sync, so the display refreshes every few steps
+JOB_LOG = logging.getLogger("rn50perf.run")  # what `say` shows, kept in Hydra's job log file (train.log)
+JOB_LOG.propagate = False  # the terminal gets the line from print, bare
+JOB_LOG.setLevel(logging.INFO)
+JOB_LOG.addHandler(logging.NullHandler())  # no job log (hydra/job_logging=disabled): nothing, not stderr
+
+
+def say(line: str, error: bool = False) -> None:
+    """Show a line of the run's story on stdout (stderr for an error) and keep it in the job log."""
+    print(line, file=sys.stderr if error else sys.stdout, flush=True)
+    JOB_LOG.log(logging.ERROR if error else logging.INFO, line)
+
+
+@contextmanager
+def job_log() -> Iterator[None]:
+    """For one Hydra job: what `say` shows goes to the job's log file(s) too, the root logger's file handlers,
+    which Hydra's job logging opens in the run directory (train.log)."""
+    files = [handler for handler in logging.getLogger().handlers if isinstance(handler, logging.FileHandler)]
+    for handler in files:
+        JOB_LOG.addHandler(handler)
+    try:
+        yield
+    finally:
+        for handler in files:
+            JOB_LOG.removeHandler(handler)
 
 
 class Progress:
@@ -46,7 +73,7 @@ class Progress:
             self._bar.close()
             self._bar = None
         if self.mode != "none":
-            print(line, flush=True)
+            say(line)
 
 
 def epoch_line(max_epochs: int, row: EpochMetrics) -> str:
@@ -58,13 +85,21 @@ def epoch_line(max_epochs: int, row: EpochMetrics) -> str:
 
 
 def print_summary(
-    status: str, accuracy: float | None, epochs: int, minutes: float, out_dir: Path, skipped: dict[str, str]
+    status: str,
+    accuracy: float | None,
+    epochs: int,
+    minutes: float,
+    out_dir: Path,
+    skipped: dict[str, str],
+    warned: set[str],
 ) -> None:
-    """The run's end: its status, `epochs` trained, last accuracy, time-to-train, and where its outputs are."""
+    """The run's end: its status, `epochs` trained, last accuracy, time-to-train, the files skipped and those
+    decoded despite libjpeg's corrupt-data warnings, and where its outputs are."""
     shown = "n/a" if accuracy is None else f"{accuracy:.4f}"
     unreadable = f"\n{len(skipped)} unreadable files skipped (each reported above)" if skipped else ""
-    print(
+    if warned:
+        unreadable += f"\n{len(warned)} files decoded despite libjpeg's corrupt-data warnings (as PIL decodes them)"
+    say(
         f"\nrun_stop status {status}: {epochs} epochs, eval top-1 {shown}, "
-        f"time to train {minutes:.2f} min{unreadable}\noutputs: {out_dir}",
-        flush=True,
+        f"time to train {minutes:.2f} min{unreadable}\noutputs: {out_dir}"
     )

@@ -199,3 +199,15 @@ def promoted(lines: list[str]) -> list[str]:
             payload["metadata"]["status"] = "success"
         edited.append(f":::MLLOG {json.dumps(payload)}\n")
     return edited
+
+
+def processes_mentioning(marker: str) -> list[int]:
+    """The processes whose command line contains `marker` (a run's directory: its ranks and loader workers)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if marker in (entry / "cmdline").read_bytes().decode(errors="replace"):
+                found.append(int(entry.name))
+        except (OSError, ValueError):
+            continue
+    return found

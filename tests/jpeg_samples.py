@@ -195,6 +195,13 @@ def cut_short(data: bytes) -> bytes:
     return data[: len(data) // 2] + b"\xff\xd9"
 
 
+def with_bad_huffman_code(data: bytes) -> bytes:
+    """The JPEG with the last six bytes of its scan replaced by stuffed 0xFF bytes: 24 one-bits, longer than any
+    Huffman code, so libjpeg warns "bad Huffman code" near the image's end, as in Pillow's hopper_bad_exif.jpg."""
+    end = data.rindex(b"\xff\xd9")
+    return data[: end - 6] + b"\xff\x00" * 3 + data[end:]
+
+
 def with_wrong_restart_marker(data: bytes) -> bytes:
     """The JPEG with its second restart marker renumbered (RST1 becomes RST5): libjpeg warns "found marker 0xd5
     instead of RST1" and drops data to resynchronise."""

@@ -15,6 +15,9 @@ from data.loader import BatchDataset, Crops, Loader, build_loader
 from data.sampler import ShardedSampler
 from data.split import DatasetError
 from data.transforms import centre_crop_box, random_resized_crop_box
+from mlperf_logs.progress import print_summary
+from tests import jpeg_samples
+from tests.conftest import run_train
 
 
 def jpeg_bytes(height: int, width: int, seed: int = 0) -> bytes:
@@ -143,6 +146,43 @@ def test_folder_index_refuses_a_val_class_that_train_lacks(tiny_tree):
         open_split(tiny_tree / "val", find_classes(tiny_tree / "train"))
 
 
+NO_IMAGES = "holds no images (.jpeg, .jpg, .png): add the class's images, or remove the folder"
+
+
+def empty_class_folder(root: Path, split: str) -> Path:
+    """Empty n02's folder of `split` in the tiny tree (its training folder keeps a note that is not an image)."""
+    folder = root / split / "n02"
+    for image in folder.iterdir():
+        image.unlink()
+    (folder / "README.txt").write_text("not an image")
+    return folder
+
+
+@pytest.mark.parametrize("split", ["train", "val"])
+def test_an_empty_class_folder_is_refused_by_name_also_from_the_saved_index(tiny_tree, tmp_path, split, monkeypatch):
+    empty = empty_class_folder(tiny_tree, split)
+    week_ago = time.time() - 7 * 86400  # a settled tree, whose index is saved
+    for path in (tiny_tree / split, *(tiny_tree / split).iterdir()):
+        os.utime(path, (week_ago, week_ago))
+    for scanned in (True, False):
+        if not scanned:  # the second start reads the index the first one saved
+            monkeypatch.setattr(folder, "_image_names", lambda directory: pytest.fail(f"listed {directory} again"))
+        with pytest.raises(DatasetError) as refused:
+            open_split(tiny_tree / split, ("n01", "n02"), cache=tmp_path / "index")
+        assert str(refused.value) == f"{empty} {NO_IMAGES}"
+
+
+def test_train_py_refuses_an_empty_class_folder_in_one_line_with_exit_status_2(tiny_tree, tmp_path):
+    empty = empty_class_folder(tiny_tree, "val")
+    result = run_train(
+        "data.name=imagenet", f"data.root={tiny_tree}", f"hydra.run.dir={tmp_path / 'run'}", cache=tmp_path
+    )
+    assert result.returncode == 2, result.stderr
+    *hydras, message = result.stderr.splitlines()
+    assert message == f"error: {empty} {NO_IMAGES}"
+    assert all(line.startswith("Error executing job with overrides") for line in hydras)  # Hydra's, at most
+
+
 def test_unreadable_file_is_replaced_counted_and_reported_once(tiny_tree, caplog):
     bad = tiny_tree / "train" / "n01" / "n01_0.JPEG"
     bad.write_bytes(b"\xff\xd8\xff garbage")
@@ -198,3 +238,17 @@ def test_class_folders_are_listed_by_threads_only_on_a_network_filesystem(monkey
     for kind, threads in [("ext4", 1), ("nfs4", folder.SCAN_THREADS), ("fuse.sshfs", folder.SCAN_THREADS)]:
         monkeypatch.setattr(folder, "filesystem_type", lambda path, kind=kind: kind)
         assert folder.scan_threads(tmp_path) == threads, kind
+
+
+def test_files_decoded_despite_libjpeg_warnings_are_counted_for_the_summary(tiny_tree, capsys):
+    damaged = tiny_tree / "train" / "n01" / "n01_1.JPEG"
+    damaged.write_bytes(jpeg_samples.with_bad_huffman_code(jpeg_samples.jpeg("baseline-420", *jpeg_samples.SMALL)))
+    samples = open_split(tiny_tree / "train", find_classes(tiny_tree / "train"))
+    sampler = ShardedSampler(len(samples), seed=1, shuffle=True, global_batch=2)
+    whole = Crops(train=True, size=32, area_min=1.0)  # whole images: the damaged rows at the bottom are decoded
+    with build_loader(samples, whole, sampler, batch=2, workers=1) as loader:
+        assert len(list(loader)) == 3
+    assert loader.skipped == {} and loader.warned == {str(damaged)}
+    print_summary("success", 0.8, 1, 0.1, tiny_tree, loader.skipped, loader.warned)
+    summary = capsys.readouterr().out
+    assert "\n1 files decoded despite libjpeg's corrupt-data warnings (as PIL decodes them)\n" in summary

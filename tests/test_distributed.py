@@ -20,7 +20,15 @@ from backends.native import NativeBackend
 from configs.schema import Config, ConfigError, validate
 from distributed.topology import LaunchError, Topology, first_host, from_environment
 from models import batchnorm, build_resnet50
-from tests.conftest import REPO, assert_compliant, mllog_events, record_margin, run_train, train_env
+from tests.conftest import (
+    REPO,
+    assert_compliant,
+    mllog_events,
+    processes_mentioning,
+    record_margin,
+    run_train,
+    train_env,
+)
 from tests.ranks import run_ranks
 
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
@@ -160,17 +168,6 @@ def rank_pid(marker: str, rank: int) -> int | None:
     return None
 
 
-def processes_mentioning(marker: str) -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        try:
-            if marker in (entry / "cmdline").read_bytes().decode(errors="replace"):
-                found.append(int(entry.name))
-        except (OSError, ValueError):
-            continue
-    return found
-
-
 def start_and_wait_for_epoch_1(out: Path, cache: Path, *overrides: str) -> tuple[subprocess.Popen[str], int]:
     """A 2-rank torchrun that would run long, once its first epoch is over; returns it and rank 1's pid."""
     run = torchrun(
@@ -234,15 +231,17 @@ def test_ranks_start_from_rank_0s_weights_and_stay_identical():
 
 def test_one_ranks_sigterm_stops_both_mid_epoch_and_they_resume_to_the_same_weights(cache_dir, tmp_path):
     straight, stopped = tmp_path / "straight", tmp_path / "stopped"
-    recipe = (*SMOKE, "run.max_epochs=2", "mlperf.target_accuracy=1.0", "device.threads=1")
+    recipe = (*SMOKE, "run.max_epochs=2", "mlperf.target_accuracy=1.0", "device.threads=1", "data.workers=1")
     assert torchrun(*recipe, f"hydra.run.dir={straight}", cache=cache_dir).wait(timeout=600) == 0
 
     run = torchrun(*recipe, f"hydra.run.dir={stopped}", cache=cache_dir)
     for line in run.stdout:  # rank 0 prints its policy once both ranks have opened the data: the loop is next
         if line.startswith("precision "):
             os.kill(rank_pid(str(stopped), rank=1), signal.SIGTERM)
+            signalled = time.monotonic()
             break
     _, stderr = run.communicate(timeout=300)
+    assert time.monotonic() - signalled < 30, stderr  # each rank's loader worker shut down, not waited for
     assert "stopped by SIGTERM at step 1 (epoch 1, 1 of its 16 steps done)" in stderr  # rank 0 says so, once
     events = mllog_events(stopped / "mlperf.log")
     assert events[-1]["key"] == "run_stop" and events[-1]["metadata"]["status"] == "aborted"

@@ -43,9 +43,12 @@ def test_the_pod64_recipe_is_projected_within_10_percent_of_its_published_result
         assert line in stdout
 
 
-def test_a_pod256_recipe_is_projected_with_its_ranges_from_the_command_line(cache_dir):
+def test_a_pod256_recipe_is_projected_with_its_ranges_from_the_command_line(cache_dir, tmp_path):
     recipe = ("device.replicas=256", "dist.grad_accum=2", "data.global_batch=10240", "run.max_epochs=45")
-    stdout, figures = projected("experiment=mlperf_pod16", "device=bow_pod256", *recipe, cache=cache_dir)
+    run_dir = f"hydra.run.dir={tmp_path}"
+    stdout, figures = projected("experiment=mlperf_pod16", "device=bow_pod256", *recipe, run_dir, cache=cache_dir)
+    assert (tmp_path / "projection.txt").read_text() == stdout  # the run directory keeps what was printed
+    assert json.loads((tmp_path / "projection.json").read_text()) == figures
     low, high = figures["throughput_img_s_range"]
     assert low < figures["throughput_img_s"] < high
     first, last = figures["time_to_train_min_range"]

@@ -587,6 +587,15 @@ def test_a_lost_restart_interval_raises():
         jpeg.decode_crop(data, None, (32, 32))
 
 
+def test_a_bad_huffman_code_decodes_as_pil_decodes_it_and_is_counted():
+    """The MLPerf reference trains on what PIL decodes: a code no table has reads as a zero, the rest is the file's."""
+    data = samples.with_bad_huffman_code(samples.jpeg("baseline-420", *SMALL))
+    before = jpeg.corrupt_warnings()
+    got = jpeg.decode_crop(data, None, (48, 64))  # the whole image: the flaw is in its bottom rows
+    assert jpeg.corrupt_warnings() - before == 1
+    assert_close(got, pil_reference(data, None, (48, 64)), "bad Huffman code")
+
+
 def test_a_progressive_file_of_more_than_256_scans_is_refused():
     """Each scan may walk the whole image for a few bytes of file, so their number is capped."""
     assert jpeg.decode_crop(samples.many_scans(255), None, (8, 8)).shape == (8, 8, 3)  # 256 scans

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from data import folder
-from data.datasets import open_dataset
+from data.datasets import describe_dataset, open_dataset
 from data.devkit import write_devkit
 from data.split import DatasetError, Split
 from data.synthetic import CACHE_ENV, SyntheticSpec
@@ -118,6 +118,16 @@ def test_every_layout_gives_the_same_samples_and_labels(tmp_path, layout, opened
     assert [Path(train[i][0]).name for i in range(len(train))] == list(train_images())  # by class, then name
     assert samples(train) == expected(train_images())
     assert samples(val) == expected(val_images())
+
+
+@pytest.mark.parametrize(
+    ("layout", "name", "opened"),
+    [("torchvision", "torchvision", "."), ("kaggle", "Kaggle", "ILSVRC"), ("imagenet_org", "image-net.org", ".")],
+)
+def test_the_start_up_line_names_the_layout_and_counts_the_images(tmp_path, layout, name, opened):
+    root = write_layout(tmp_path / "imagenet", layout)
+    line = describe_dataset(*imagenet(root / opened))
+    assert line == f"dataset: {name} layout at {root}, 6 training images in 3 classes, 5 validation images"
 
 
 @pytest.mark.parametrize("layout", ["kaggle", "imagenet_org"])

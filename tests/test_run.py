@@ -3,11 +3,18 @@
 from __future__ import annotations
 
 import csv
+import math
+import os
+import random
+import re
 import signal
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 import torch
@@ -20,6 +27,7 @@ from tests.conftest import (
     assert_read_whole,
     assert_same_run,
     mllog_events,
+    processes_mentioning,
     record_margin,
     run_train,
     tensorboard_scalars,
@@ -181,6 +189,99 @@ def test_a_run_stopped_at_the_end_of_an_epoch_resumes_to_the_same_run(straight, 
     resumed = run_train(*ONE_STEP_EPOCHS, f"hydra.run.dir={tmp_path}", "run.resume=auto", cache=cache_dir)
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     assert_same_run(straight(ONE_STEP_EPOCHS), tmp_path)
+
+
+class StoppedRun(NamedTuple):
+    status: int
+    output: str
+    signalled_s: float  # from the signal to the exit
+    boundary_s: float  # from "stopped by ... at step ..." (the step boundary's checkpoint and log written) to the exit
+
+
+def stop_when(
+    command: list[str], cache: Path, ready: Callable[[str], bool], signum: signal.Signals, *, group: bool
+) -> StoppedRun:
+    """Run `command` in its own process group; once `ready(output so far)` holds, send `signum` to its main
+    process, or to the whole group (as a terminal's Ctrl-C and SLURM do: the loader's workers get it too)."""
+    process = subprocess.Popen(
+        command, cwd=REPO, env=train_env(cache), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        start_new_session=True,
+    )  # fmt: skip
+    lines: list[tuple[float, str]] = []
+
+    def read() -> None:
+        for line in process.stdout:
+            lines.append((time.monotonic(), line))
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    deadline = time.monotonic() + 300
+    while not ready("".join(line for _, line in lines)):
+        assert process.poll() is None, "the run ended before the point to stop it: " + "".join(x for _, x in lines)
+        assert time.monotonic() < deadline
+        time.sleep(0.005)
+    signalled = time.monotonic()
+    os.killpg(process.pid, signum) if group else process.send_signal(signum)
+    process.wait(timeout=120)
+    exited = time.monotonic()
+    reader.join(timeout=10)
+    boundary = next((at for at, line in lines if "stopped by" in line), math.inf)
+    return StoppedRun(process.returncode, "".join(line for _, line in lines), exited - signalled, exited - boundary)
+
+
+def last_event(log: Path) -> str:
+    """The key of the MLPerf log's last whole line ('' for none yet)."""
+    try:
+        return mllog_events(log)[-1]["key"]
+    except (FileNotFoundError, IndexError, ValueError):  # not there yet, or a line being written
+        return ""
+
+
+@pytest.mark.convergence  # make test-hosts: under each host's kernels too
+def test_a_run_with_workers_stops_at_any_point_within_seconds_and_resumes_to_the_same_run(
+    straight, cache_dir, tmp_path
+):
+    """Stops at several points of one run whose loaders have worker processes, by each stop signal, to the main
+    process and to the whole process group: while the loader starts, at a seeded random moment mid-epoch, while a
+    checkpoint is written, and during an evaluation. Each exits within seconds of the step boundary with 128 +
+    the signal, its log ended and its checkpoint loadable; the resumed run ends with the weights of a run that was
+    never stopped (and that had no workers: the batches are the same)."""
+    rng = random.Random(26)
+    log, temporary = tmp_path / "mlperf.log", tmp_path / ".checkpoint.pt.tmp"
+    started = [0.0]
+
+    def after(marker: str, seconds: float) -> Callable[[str], bool]:
+        def ready(output: str) -> bool:
+            if marker not in output:
+                return False
+            started[0] = started[0] or time.monotonic()
+            return time.monotonic() - started[0] >= seconds
+
+        return ready
+
+    stops = [
+        ("loader starting", after("precision ", 0.0), signal.SIGINT, False),
+        ("mid-epoch", after("resuming at epoch", rng.uniform(0.5, 2.0)), signal.SIGTERM, True),
+        ("checkpoint write", lambda _: temporary.exists() or "epoch   1/3" in _, signal.SIGUSR1, False),
+        ("evaluation", lambda _: last_event(log) == "eval_start", signal.SIGINT, True),
+    ]
+    command = [sys.executable, "train.py", *RESUME_RUN, "data.workers=2", f"hydra.run.dir={tmp_path}"]
+    for point, ready, signum, group in stops:
+        started[0] = 0.0
+        stopped = stop_when(command, cache_dir, ready, signum, group=group)
+        where = re.search(r"stopped by \w+ at (step \d+ \(epoch \d, \d+ of its 16 steps done\))", stopped.output)
+        assert where, (point, stopped.output)
+        print(
+            f"{point}: {signum.name} to the {'group' if group else 'process'} stopped at {where[1]}; exit "
+            f"{stopped.signalled_s:.1f} s after the signal, {stopped.boundary_s:.1f} s after the step boundary"
+        )
+        assert_stopped_cleanly(tmp_path, stopped.status, stopped.output, signum, where[1])
+        assert stopped.boundary_s < 10 and stopped.signalled_s < 30, (point, stopped)
+        assert processes_mentioning(str(tmp_path)) == []  # no worker left behind
+        command = ["sh", str(tmp_path / "resume.sh")]
+    resumed = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert_same_run(straight(RESUME_RUN), tmp_path)
 
 
 def test_a_second_ctrl_c_quits_at_once_and_leaves_the_checkpoint_whole(cache_dir, tmp_path):

@@ -50,9 +50,9 @@ def clock(planned: Plan, system: System, announce: bool) -> DeviceClock:
     return DeviceClock(step.total_s, cost.eval_image_s(planned.profile, system, shape, Constants()))
 
 
-def project(planned: Plan, system: System, workload: Workload) -> None:
-    """Print the system's memory plan, the step time by component, and the projected epoch and time-to-train,
-    with the range the assumed constants allow, each corner refitted to POD16 as the central value is."""
+def project(planned: Plan, system: System, workload: Workload) -> str:
+    """The system's memory plan, the step time by component, and the projected epoch and time-to-train, with the
+    range the assumed constants allow, each corner refitted to POD16 as the central value is; last, one JSON line."""
     pod16 = calibrate.load_system(calibrate.POD16.system)
     refit = calibrate.refitter(calibrate.resnet50_profile(pod16), pod16)
     shape = planned.layout.shape()
@@ -70,17 +70,22 @@ def project(planned: Plan, system: System, workload: Workload) -> None:
         )
 
     central = refit(Constants())
-    print_projection(planned, system, uncertainty.interval(at, refit, central), central, workload.epochs)
+    return report(planned, system, uncertainty.interval(at, refit, central), central, workload.epochs)
 
 
-def print_projection(planned: Plan, system: System, spread: Interval, central: Constants, epochs: int) -> None:
+def report(planned: Plan, system: System, spread: Interval, central: Constants, epochs: int) -> str:
     """The system, the memory table, the cost model's report and its ranges, and last one JSON line of figures."""
-    print(f"{system.name}: {system.ipus} {system.chip.name} IPUs, {system.hosts} hosts, {system.host_cores} host cores")
-    print(f"{planned.memory.table()}\n{planned.memory.suggestion()}\n")
-    print(cost.report(spread.central, planned.layout.shape(), len(planned.profile.stages), epochs))
-    print(uncertainty.report(spread, central))
     memory = {"ipu_memory_mb": [round(row.total_mb, 1) for row in planned.memory.rows], "fits": planned.memory.fits}
-    print(json.dumps(uncertainty.figures(spread) | memory))
+    hosts = f"{system.hosts} hosts, {system.host_cores} host cores"
+    return "\n".join(
+        [
+            f"{system.name}: {system.ipus} {system.chip.name} IPUs, {hosts}",
+            f"{planned.memory.table()}\n{planned.memory.suggestion()}\n",
+            cost.report(spread.central, planned.layout.shape(), len(planned.profile.stages), epochs),
+            uncertainty.report(spread, central),
+            json.dumps(uncertainty.figures(spread) | memory),
+        ]
+    )
 
 
 __all__ = ["DeviceClock", "Layout", "OutOfMemory", "Plan", "Workload", "check_splits", "clock", "plan", "project"]

@@ -61,15 +61,15 @@ static void limit_scans(j_common_ptr cinfo) {
 }
 
 /* The warnings after which libjpeg makes up pixels: the data ended or was cut short by a marker (the rest
-   decodes as grey), held a code no table has, lost a restart interval, or refined coefficients out of order. A
-   read past the last row is among them too: jpeg_read_scanlines would return no row, and a loop waiting for one
-   would never end. (libjpeg-turbo's advice for untrusted files, in CVE-2019-13960: treat warnings as errors.) */
+   decodes as grey), lost a restart interval, or refined coefficients out of order. A read past the last row is
+   among them too: jpeg_read_scanlines would return no row, and a loop waiting for one would never end.
+   (libjpeg-turbo's advice for untrusted files, in CVE-2019-13960: treat warnings as errors.) A code that no table
+   has is not: libjpeg reads it as a zero and goes on through the file's own data, as PIL (and so the MLPerf
+   reference) does, and the few such files in datasets are whole pictures (docs/data.md). */
 static int makes_up_pixels(int code) {
     switch (code) {
     case JWRN_JPEG_EOF:
     case JWRN_HIT_MARKER:
-    case JWRN_HUFF_BAD_CODE:
-    case JWRN_ARITH_BAD_CODE:
     case JWRN_MUST_RESYNC:
     case JWRN_BOGUS_PROGRESSION:
     case JWRN_TOO_MUCH_DATA:

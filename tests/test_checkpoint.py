@@ -1,0 +1,41 @@
+"""A file that is not a checkpoint of this harness is refused in one line that says what to do, and kept."""
+
+import os
+
+import pytest
+import torch
+
+from backends import checkpoint
+from backends.checkpoint import CheckpointError
+from tests.conftest import TINY_RUN, run_train
+
+ADVICE = "is damaged or not a checkpoint of this harness: remove it, or give a new hydra.run.dir"
+
+
+@pytest.mark.parametrize(
+    "write",
+    [
+        lambda path: path.write_bytes(os.urandom(5000)),  # noise
+        lambda path: torch.save({"model": torch.zeros(2)}, path),  # another program's checkpoint
+        lambda path: torch.save(torch.nn.Linear(2, 2), path),  # a whole module: weights_only refuses it
+    ],
+    ids=["noise", "foreign", "pickled-module"],
+)
+def test_a_file_that_is_not_our_checkpoint_is_refused_with_what_to_do(write, tmp_path):
+    path = tmp_path / "checkpoint.pt"
+    write(path)
+    with pytest.raises(CheckpointError) as refused:
+        checkpoint.load(path, {})
+    assert str(refused.value) == f"{path} {ADVICE}"
+
+
+def test_train_py_refuses_a_garbage_checkpoint_in_one_line_with_exit_status_2(cache_dir, tmp_path):
+    garbage = os.urandom(5000)
+    (tmp_path / "checkpoint.pt").write_bytes(garbage)
+    result = run_train(*TINY_RUN, "run.resume=auto", f"hydra.run.dir={tmp_path}", cache=cache_dir)
+    assert result.returncode == 2, result.stderr
+    *hydras, message = result.stderr.splitlines()
+    assert message == f"error: {tmp_path / 'checkpoint.pt'} {ADVICE}"
+    assert all(line.startswith("Error executing job with overrides") for line in hydras)  # Hydra's, at most
+    assert (tmp_path / "checkpoint.pt").read_bytes() == garbage
+    assert not (tmp_path / "mlperf.log").exists()
