@@ -21,6 +21,7 @@ from typing import Any
 
 from distributed.group import max_over_ranks
 from distributed.topology import Topology
+from mlperf_logs.progress import say
 
 SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
 RESUME_SCRIPT = "resume.sh"
@@ -116,5 +117,5 @@ def tell_how_to_resume(
     env = {name: os.environ[name] for name in keep_env if name in os.environ}
     command = resume_command(topology, overrides, out_dir)
     script = write_resume_script(out_dir, command, env, why)
-    print(f"\n{stop} at {where}: checkpoint written, log ended (run_stop aborted)", file=sys.stderr)
-    print(f"resume with:\n  {shell_line(command, env)}\n(also in {script})", file=sys.stderr, flush=True)
+    say(f"\n{stop} at {where}: checkpoint written, log ended (run_stop aborted)", error=True)
+    say(f"resume with:\n  {shell_line(command, env)}\n(also in {script})", error=True)

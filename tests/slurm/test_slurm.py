@@ -121,7 +121,8 @@ def assert_resumed_once(run_dir: Path, signal_name: str) -> None:
     run_start = next(e for e in events if e["key"] == "run_start")
     assert run_start == next(e for e in attempt if e["key"] == "run_start")
     assert not (run_dir / "mlperf.attempt2.log").exists()
-    assert f"stopped by {signal_name}" in (run_dir / "resume.sh").read_text()
+    assert f"stopped by {signal_name}" in (run_dir / "train.log").read_text()  # resume.sh went as the run ended
+    assert not (run_dir / "resume.sh").exists() and not (run_dir / "checkpoint.pt").exists()
     assert_compliant(run_dir / "mlperf.log")
 
 
@@ -261,6 +262,6 @@ def test_a_hydra_launcher_job_that_reaches_its_time_limit_is_warned_requeued_and
     assert attempts, "the run ended before its time limit"
     for attempt in attempts:
         assert mllog_events(attempt)[-1]["metadata"]["status"] == "aborted"
-    assert "stopped by SIGUSR1" in (run_dir / "resume.sh").read_text()
-    assert (run_dir / "model.pt").exists()
+    assert "stopped by SIGUSR1" in (run_dir / "train.log").read_text()  # each attempt's lines, appended
+    assert (run_dir / "model.pt").exists() and not (run_dir / "resume.sh").exists()
     assert_compliant(run_dir / "mlperf.log")
