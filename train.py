@@ -26,11 +26,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
+from typing import NoReturn
 
 import hydra
 import torch
 from hydra.core.hydra_config import HydraConfig
 from hydra.errors import HydraException
+from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
@@ -80,6 +82,21 @@ register()
 @hydra.main(config_path="configs", config_name="config", version_base="1.3")
 def main(raw: DictConfig) -> float | None:
     """One run; returns what a sweeper (-m) minimises: the time-to-train in minutes, None without one."""
+    try:
+        return run(raw)
+    except USER_ERRORS as err:
+        if HydraConfig.get().mode == RunMode.MULTIRUN:
+            raise  # a failed job of a sweep: its sweeper decides (Optuna's marks the trial failed, goes on)
+        exit_in_one_line(err)  # here: raised on, it would get a line of Hydra's own before it
+
+
+def exit_in_one_line(err: BaseException) -> NoReturn:
+    """A mistake of the user's: one line that names it and says what to do, and exit status 2."""
+    print(f"error: {describe(err)}", file=sys.stderr)
+    sys.exit(2)
+
+
+def run(raw: DictConfig) -> float | None:
     topology = distributed.from_environment()
     cfg: Config = OmegaConf.to_object(raw)
     validate(cfg, topology.world_size)
@@ -389,9 +406,8 @@ if __name__ == "__main__":
         if not distributed.from_environment().is_main:
             sys.argv += distributed.QUIET_HYDRA
         main()
-    except USER_ERRORS as err:
-        print(f"error: {describe(err)}", file=sys.stderr)
-        sys.exit(2)
+    except USER_ERRORS as err:  # a mistake in the overrides, found before the run started
+        exit_in_one_line(err)
     except PeerLost as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(1)

@@ -34,8 +34,7 @@ def test_train_py_refuses_a_garbage_checkpoint_in_one_line_with_exit_status_2(ca
     (tmp_path / "checkpoint.pt").write_bytes(garbage)
     result = run_train(*TINY_RUN, "run.resume=auto", f"hydra.run.dir={tmp_path}", cache=cache_dir)
     assert result.returncode == 2, result.stderr
-    *hydras, message = result.stderr.splitlines()
+    (message,) = result.stderr.splitlines()  # one line: no traceback, no line of Hydra's
     assert message == f"error: {tmp_path / 'checkpoint.pt'} {ADVICE}"
-    assert all(line.startswith("Error executing job with overrides") for line in hydras)  # Hydra's, at most
     assert (tmp_path / "checkpoint.pt").read_bytes() == garbage
     assert not (tmp_path / "mlperf.log").exists()

@@ -178,9 +178,8 @@ def test_train_py_refuses_an_empty_class_folder_in_one_line_with_exit_status_2(t
         "data.name=imagenet", f"data.root={tiny_tree}", f"hydra.run.dir={tmp_path / 'run'}", cache=tmp_path
     )
     assert result.returncode == 2, result.stderr
-    *hydras, message = result.stderr.splitlines()
+    (message,) = result.stderr.splitlines()  # one line: no traceback, no line of Hydra's
     assert message == f"error: {empty} {NO_IMAGES}"
-    assert all(line.startswith("Error executing job with overrides") for line in hydras)  # Hydra's, at most
 
 
 def test_unreadable_file_is_replaced_counted_and_reported_once(tiny_tree, caplog):
