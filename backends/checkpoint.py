@@ -43,6 +43,8 @@ def load(path: Path, fingerprint: dict[str, Any]) -> dict[str, Any]:
             f"{path} is in checkpoint format {state['format']}, this rn50perf reads format {FORMAT}: "
             "finish that run with the rn50perf version that started it"
         )
+    if not isinstance(state.get("fingerprint"), dict):
+        raise _not_a_checkpoint(path)
     differences = [
         f"{key}: checkpoint {state['fingerprint'].get(key)!r}, this run {value!r}"
         for key, value in fingerprint.items()

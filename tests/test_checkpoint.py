@@ -18,8 +18,9 @@ ADVICE = "is damaged or not a checkpoint of this harness: remove it, or give a n
         lambda path: path.write_bytes(os.urandom(5000)),  # noise
         lambda path: torch.save({"model": torch.zeros(2)}, path),  # another program's checkpoint
         lambda path: torch.save(torch.nn.Linear(2, 2), path),  # a whole module: weights_only refuses it
+        lambda path: torch.save({"format": checkpoint.FORMAT, "model": {}}, path),  # our format's number alone
     ],
-    ids=["noise", "foreign", "pickled-module"],
+    ids=["noise", "foreign", "pickled-module", "format-only"],
 )
 def test_a_file_that_is_not_our_checkpoint_is_refused_with_what_to_do(write, tmp_path):
     path = tmp_path / "checkpoint.pt"
