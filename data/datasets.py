@@ -3,6 +3,7 @@ tree in any known layout or as indexed tar shards."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 from data.folder import FolderSplit, find_classes, index_dir, open_split
@@ -44,17 +45,14 @@ def open_files(name: str, root: str | None, synthetic: SyntheticSpec) -> tuple[F
     layout = find_layout(path)
     classes = find_classes(layout.train)
     cache = index_dir()
-    train = open_split(layout.train, classes, watch=[layout.root], cache=cache)
+    train = replace(open_split(layout.train, classes, watch=[layout.root], cache=cache), origin=layout.describe())
     return train, open_split(layout.val, classes, labels=layout.val_labels, watch=[layout.root], cache=cache)
 
 
 def describe_dataset(train: Split, val: Split) -> str:
     """One line for the run's start: the layout recognised (or tar shards) and the images of each split."""
     counts = f"{len(train):,} training images in {len(train.classes):,} classes, {len(val):,} validation images"
-    if not isinstance(train, FolderSplit):
-        return f"dataset: tar shards, {counts}"
-    layout = find_layout(Path(train.directory).parent)  # the train folder's parent finds each layout again
-    return f"dataset: {layout.name} layout at {layout.root}, {counts}"
+    return f"dataset: {train.origin if isinstance(train, FolderSplit) else 'tar shards'}, {counts}"
 
 
 def dataset_size(name: str, synthetic: SyntheticSpec) -> tuple[int, int, int]:

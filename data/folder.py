@@ -48,6 +48,7 @@ class FolderSplit:
     offsets: np.ndarray  # int64, one more than the files: file i's name is names[offsets[i]:offsets[i + 1]]
     labels: np.ndarray  # int16: each file's position in `classes`
     classes: tuple[str, ...]
+    origin: str = ""  # where it was found, for the run's start-up line: "Kaggle layout at ROOT"
 
     def __len__(self) -> int:
         return len(self.labels)

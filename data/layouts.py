@@ -48,6 +48,9 @@ class Layout:
     val_labels: FlatLabels | None = None
     name: str = "torchvision"
 
+    def describe(self) -> str:
+        return f"{self.name} layout at {self.root}"
+
 
 def find_layout(root: Path) -> Layout:
     """The layout of the dataset at `root`; a DatasetError lists the known layouts and what `root` holds."""

@@ -172,7 +172,7 @@ class Loader:
         terminates them with SIGTERM, which they ignore, and then waits for them for ever. torch has no public
         call that ends a DataLoader's persistent workers, so this uses its iterator's own shutdown."""
         iterator, self._loader._iterator = self._loader._iterator, None
-        if iterator is None or not hasattr(iterator, "_shutdown_workers"):
+        if iterator is None:  # no workers (they exist only with data.workers > 0), or not started yet
             return
         workers = list(iterator._workers)
         iterator._shutdown_workers()  # asks each worker to exit, and waits for it a while

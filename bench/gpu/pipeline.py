@@ -83,6 +83,11 @@ def loader(args: argparse.Namespace, sizes: stage.Sizes) -> stage.Figures:
     return {"batch": sizes.batch, "image": sizes.image, "images": sizes.photos, "img_s_by_workers": rates}
 
 
+def _measured(work: Path, stage_name: str) -> stage.Figures:
+    path = work / f"{stage_name}.json"
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
 def fastest(work: Path) -> list[str]:
     """The overrides of the fastest harness step the `step` stage measured (its precision, and each speed option
     that beat the base row), with the worker count the `loader` stage found fastest (their figures in WORK)."""
@@ -98,11 +103,6 @@ def fastest(work: Path) -> list[str]:
     if workers:
         overrides.append(f"data.workers={max(workers, key=workers.get)}")
     return overrides
-
-
-def _measured(work: Path, stage_name: str) -> stage.Figures:
-    path = work / f"{stage_name}.json"
-    return json.loads(path.read_text()) if path.exists() else {}
 
 
 def e2e(args: argparse.Namespace, sizes: stage.Sizes) -> stage.Figures:

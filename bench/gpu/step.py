@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import math
 import sys
 import traceback
 from collections.abc import Callable
@@ -32,6 +33,7 @@ from assemble import build_backend, precision_policy
 from bench.gpu import stage
 from configs.schema import SPEED_OPTIONS
 from distributed import Topology
+from models.resnet import MEAN_RGB, STD_RGB
 
 CLASSES = 1000
 LABEL_SMOOTHING = 0.1
@@ -44,8 +46,7 @@ def plain_loop(model: torch.nn.Module, images: torch.Tensor, labels: torch.Tenso
     on_gpu = images.is_cuda
     model = model.to(images.device, memory_format=torch.channels_last).train()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, fused=on_gpu or None)
-    mean = torch.tensor([0.485, 0.456, 0.406], device=images.device).view(1, 3, 1, 1) * 255
-    std = torch.tensor([0.229, 0.224, 0.225], device=images.device).view(1, 3, 1, 1) * 255
+    mean, std = (torch.tensor(rgb, device=images.device).view(1, 3, 1, 1) for rgb in (MEAN_RGB, STD_RGB))
     inputs = ((images.permute(0, 3, 1, 2).float() - mean) / std).contiguous(memory_format=torch.channels_last)
 
     def step() -> torch.Tensor:
@@ -99,7 +100,7 @@ def measure(row: list[str] | str, sizes: stage.Sizes, images: torch.Tensor, labe
         step = harness(row, sizes, images, labels)
     seconds = stage.timed_steps(step, sizes.warmup, sizes.steps)
     loss = float(step())
-    if not torch.isfinite(torch.tensor(loss)):
+    if not math.isfinite(loss):
         raise RuntimeError(f"the loss is {loss}")
     figures: stage.Figures = {"img_s": round(sizes.steps * sizes.batch / seconds, 1), "loss": round(loss, 3)}
     if torch.cuda.is_available():
