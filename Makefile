@@ -50,8 +50,9 @@ test-hosts: $(STAMP) $(JPEG_EXT)
 	  ATEN_CPU_CAPABILITY=$$aten ONEDNN_MAX_CPU_ISA=$$isa $(PY) -m pytest -q -m convergence $(ARGS) || exit 1; \
 	done
 
+# ruff, then mypy over the library (everything but tests/ and bench/; pyproject.toml's [tool.mypy] lists it).
 lint: $(STAMP)
-	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .
+	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check . && $(VENV)/bin/mypy
 
 # The benchmarks' optional peers (NVIDIA DALI's CPU pipeline for bench.loader); never needed to train or test.
 peers: $(STAMP)

@@ -11,6 +11,7 @@ import dataclasses
 import difflib
 import types
 import typing
+from collections.abc import Sequence
 from functools import cache
 
 from hydra.conf import HydraConf
@@ -19,27 +20,27 @@ from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBase
 
 from configs.schema import Config
 
-KINDS = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
+KINDS: dict[object, str] = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
 SHOWN_KEYS = 12  # a group's keys listed when no key is close to the one given
 
 
-def describe(err: Exception) -> str:
+def describe(err: BaseException) -> str:
     """The one-line message for a mistake in the configuration; other errors say what they say."""
-    if isinstance(err, MissingConfigException) and err.options:
+    if isinstance(err, MissingConfigException) and err.options and err.missing_cfg_file is not None:
         return unknown_option(err.missing_cfg_file, err.options)
     detail = err.__cause__ if isinstance(err, HydraException) else err
     if isinstance(detail, OmegaConfBaseException) and detail.full_key:
-        return wrong_key_or_value(detail)
+        return wrong_key_or_value(detail, detail.full_key)
     return f"{err}\n{detail}" if detail is not err and detail is not None else str(err)
 
 
-def wrong_key_or_value(err: OmegaConfBaseException) -> str:
-    """An unknown key, a value of the wrong type for its key, or another mistake at a key."""
+def wrong_key_or_value(err: OmegaConfBaseException, key: str) -> str:
+    """An unknown key, a value of the wrong type for its key, or another mistake at a key (`err.full_key`)."""
     if isinstance(err, (ConfigAttributeError, ConfigKeyError)):
-        return unknown_key(err.full_key)
-    if isinstance(err, ValidationError) and err.full_key in schema_keys():
-        return f"{err.full_key}: expects {kind(schema_keys()[err.full_key])}, got {err.value!r}"
-    return f"{err.full_key}: {str(err).strip().splitlines()[0]}"
+        return unknown_key(key)
+    if isinstance(err, ValidationError) and key in schema_keys():
+        return f"{key}: expects {kind(schema_keys()[key])}, got {err.value!r}"
+    return f"{key}: {str(err).strip().splitlines()[0]}"
 
 
 def unknown_key(key: str) -> str:
@@ -67,7 +68,7 @@ def closest_key(key: str) -> str | None:
     return elsewhere[close[0]] if close else None
 
 
-def unknown_option(missing: str, options: list[str]) -> str:
+def unknown_option(missing: str, options: Sequence[str]) -> str:
     """`group=option: no such option`, with the closest one, or else the group's options."""
     group, _, option = missing.rpartition("/")
     close = difflib.get_close_matches(option, options, n=1)

@@ -53,7 +53,13 @@ def _read_members(devkit: Path) -> tuple[bytes, bytes]:
             return (devkit / META).read_bytes(), (devkit / GROUND_TRUTH).read_bytes()
         with tarfile.open(devkit) as archive:
             by_tail = {m.name.split("/", 1)[-1]: m for m in archive.getmembers() if m.isfile()}
-            return tuple(archive.extractfile(by_tail[name]).read() for name in (META, GROUND_TRUTH))
+
+            def read(name: str) -> bytes:
+                file = archive.extractfile(by_tail[name])
+                assert file is not None  # by_tail holds regular files, which always have contents
+                return file.read()
+
+            return read(META), read(GROUND_TRUTH)
     except (OSError, KeyError, tarfile.TarError) as err:
         raise DatasetError(f"{devkit} is not a readable ILSVRC2012 devkit ({META}, {GROUND_TRUTH}): {err}") from None
 

@@ -36,6 +36,7 @@ IMAGE_SUFFIXES = (".jpeg", ".jpg", ".png")
 INDEX_FORMAT = 1  # bump when the saved arrays change, so older indexes are rebuilt
 RACY_NS = 2_000_000_000  # mtimes closer than this to the scan may hide a change (FAT's resolution is 2 s)
 SCAN_THREADS = 16  # class folders listed at once on a network filesystem
+Arrays = tuple[np.ndarray, np.ndarray, np.ndarray]  # a FolderSplit's names, offsets and labels
 NETWORK_FILESYSTEMS = ("nfs", "nfs4", "lustre", "gpfs", "beegfs", "ceph", "cifs", "smb3", "glusterfs", "9p", "fuse")
 
 
@@ -168,9 +169,7 @@ def _image_names(directory: Path) -> list[str]:
         return sorted(entry.name for entry in entries if is_image(entry.name))
 
 
-def _scan_folders(
-    directory: Path, folders: tuple[str, ...], classes: tuple[str, ...]
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _scan_folders(directory: Path, folders: tuple[str, ...], classes: tuple[str, ...]) -> Arrays:
     """names, offsets and labels of the images in `directory`/<wnid>/, the class folders listed by threads."""
     label_of = {wnid: label for label, wnid in enumerate(classes)}
     for folder in folders:
@@ -187,9 +186,7 @@ def _scan_folders(
     return *_arrays(directory, names, lengths), labels
 
 
-def _scan_flat(
-    directory: Path, labels: FlatLabels, classes: tuple[str, ...]
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _scan_flat(directory: Path, labels: FlatLabels, classes: tuple[str, ...]) -> Arrays:
     """names, offsets and labels of the images in `directory` itself, classed by `labels`."""
     label_of = {wnid: label for label, wnid in enumerate(classes)}
     wnid_of = labels.wnids()
@@ -241,19 +238,20 @@ def _index_name(directory: Path) -> str:
     return f"{directory.name}-{digest}.npys"
 
 
-def _load(path: Path, stamps: np.ndarray, classes: tuple[str, ...]) -> tuple[np.ndarray, ...] | None:
+def _load(path: Path, stamps: np.ndarray, classes: tuple[str, ...]) -> Arrays | None:
     """The saved names, offsets and labels, if `path` was made from folders with these stamps and classes."""
     try:
         with open(path, "rb") as file:
             version, saved_stamps, saved_classes = (np.load(file) for _ in range(3))  # in the order _save wrote
             if version != INDEX_FORMAT or not np.array_equal(saved_stamps, stamps) or tuple(saved_classes) != classes:
                 return None
-            return tuple(np.load(file) for _ in range(3))
+            names, offsets, labels = (np.load(file) for _ in range(3))
+            return names, offsets, labels
     except (OSError, EOFError, ValueError):
         return None
 
 
-def _save(path: Path, stamps: np.ndarray, classes: tuple[str, ...], arrays: tuple[np.ndarray, ...]) -> None:
+def _save(path: Path, stamps: np.ndarray, classes: tuple[str, ...], arrays: Arrays) -> None:
     """Write the index atomically: ranks starting together never read half of one."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)

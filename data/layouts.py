@@ -122,7 +122,7 @@ def _holds_images(directory: Path) -> bool:
     return any(is_image(entry.name) for entry in _entries(directory))
 
 
-def _entries(directory: Path) -> Iterator[os.DirEntry]:
+def _entries(directory: Path) -> Iterator[os.DirEntry[str]]:
     """The entries of `directory`, none if it is not a folder."""
     if directory.is_dir():
         with os.scandir(directory) as entries:

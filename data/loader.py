@@ -21,6 +21,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 from torch.utils.data import BatchSampler, DataLoader, Dataset, get_worker_info
+from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter
 
 from data import jpeg
 from data.sampler import ShardedSampler
@@ -60,7 +61,7 @@ class Decoded(NamedTuple):
     error: str | None
 
 
-class BatchDataset(Dataset):
+class BatchDataset(Dataset[Decoded]):
     """One split, indexed by a whole batch of (dataset index, sample seed) pairs."""
 
     def __init__(
@@ -147,7 +148,8 @@ class Loader:
         self._loader = DataLoader(
             dataset,
             batch_size=None,
-            sampler=BatchSampler(sampler, batch, drop_last=dataset.crops.train),
+            # torch annotates BatchSampler for int indices; it batches whatever the sampler yields, here pairs
+            sampler=BatchSampler(sampler, batch, drop_last=dataset.crops.train),  # type: ignore[arg-type]
             num_workers=workers,
             pin_memory=pin,
             persistent_workers=workers > 0,
@@ -172,7 +174,7 @@ class Loader:
         terminates them with SIGTERM, which they ignore, and then waits for them for ever. torch has no public
         call that ends a DataLoader's persistent workers, so this uses its iterator's own shutdown."""
         iterator, self._loader._iterator = self._loader._iterator, None
-        if iterator is None:  # no workers (they exist only with data.workers > 0), or not started yet
+        if not isinstance(iterator, _MultiProcessingDataLoaderIter):  # no workers (data.workers=0), or not started
             return
         workers = list(iterator._workers)
         iterator._shutdown_workers()  # asks each worker to exit, and waits for it a while

@@ -23,7 +23,7 @@ import tarfile
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import BinaryIO
+from typing import Any, BinaryIO, NoReturn
 
 import numpy as np
 from tqdm import tqdm
@@ -66,7 +66,7 @@ class ShardEntry:
     sha256: str
     rows: dict[str, np.ndarray]
 
-    def manifest(self) -> dict:
+    def manifest(self) -> dict[str, Any]:
         return {"name": self.name, "count": self.count, "bytes": self.bytes, "sha256": self.sha256}
 
 
@@ -104,7 +104,9 @@ class _HashingWriter:
             self.position += len(chunk)
 
 
-def pack(splits: Mapping[str, Split], out: Path, *, shard_size: int = DEFAULT_SHARD_SIZE, source: str = "") -> dict:
+def pack(
+    splits: Mapping[str, Split], out: Path, *, shard_size: int = DEFAULT_SHARD_SIZE, source: str = ""
+) -> dict[str, Any]:
     """Pack `splits` ("train" and "val") into shards under `out` and return the manifest. `out` must be new,
     empty, or the unfinished pack of the same samples with the same shard size, which is resumed."""
     out = Path(out)
@@ -143,7 +145,7 @@ def _samples_sha256(split: Split) -> str:
     return digest.hexdigest()
 
 
-def _work_folder(out: Path, plan: dict) -> Path:
+def _work_folder(out: Path, plan: dict[str, Any]) -> Path:
     """`out`/.packing: the interrupted run's when it packed the same samples the same way, else a new one (then
     `out` must be new or empty)."""
     work = out / PACKING
@@ -187,10 +189,12 @@ def _complete_shards(split: str, out: Path, work: Path) -> list[ShardEntry]:
     return shards
 
 
-def _write_shard(split: Split, start: int, path: Path, work: Path, keys: Keys, limit: int, bar: tqdm) -> ShardEntry:
+def _write_shard(
+    split: Split, start: int, path: Path, work: Path, keys: Keys, limit: int, bar: tqdm[NoReturn]
+) -> ShardEntry:
     """Samples from `start` on into the tar `path` until the next would take it past `limit` bytes (one at
     least), written atomically through `work`/shard.partial (the pack's work folder, gone when the pack ends)."""
-    rows: dict[str, list] = {field: [] for field in SAVED_FIELDS}
+    rows: dict[str, list[int | bytes]] = {field: [] for field in SAVED_FIELDS}
     with atomic_file(path, partial=work / "shard.partial") as file:
         tar = _HashingWriter(file)
         for index in range(start, len(split)):
@@ -235,7 +239,7 @@ def _add_member(tar: _HashingWriter, name: str, data: bytes) -> int:
 
 def _save_entry(work: Path, shard: ShardEntry) -> None:
     with atomic_file(work / f"{shard.name}.npz") as file:
-        np.savez(file, manifest=np.array(json.dumps(shard.manifest())), **shard.rows)
+        np.savez(file, allow_pickle=False, manifest=np.array(json.dumps(shard.manifest())), **shard.rows)
 
 
 def _load_entry(path: Path) -> ShardEntry | None:
@@ -249,7 +253,7 @@ def _write_index(path: Path, shards: list[ShardEntry]) -> None:
     """The split's index: the shards' rows end to end (which shard holds a sample follows from their counts)."""
     arrays = {field: np.concatenate([shard.rows[field] for shard in shards]) for field in SAVED_FIELDS}
     with atomic_file(path) as file:
-        np.savez_compressed(file, **arrays)
+        np.savez_compressed(file, allow_pickle=False, **arrays)
 
 
 def _write_atomically(path: Path, data: bytes) -> None:

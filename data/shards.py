@@ -30,6 +30,7 @@ import re
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from tqdm import tqdm
@@ -106,7 +107,7 @@ def open_shards(directory: Path) -> tuple[ShardSplit, ShardSplit]:
     return train, val
 
 
-def read_manifest(directory: Path) -> dict:
+def read_manifest(directory: Path) -> dict[str, Any]:
     """The manifest of a complete shard directory; a missing, unfinished or foreign directory is a DatasetError."""
     path = directory / MANIFEST
     if not directory.is_dir():
@@ -127,7 +128,7 @@ def read_manifest(directory: Path) -> dict:
     return manifest
 
 
-def _open_split(directory: Path, manifest: dict, split: str) -> ShardSplit:
+def _open_split(directory: Path, manifest: dict[str, Any], split: str) -> ShardSplit:
     entry = manifest["splits"][split]
     shards = entry["shards"]
     files = [directory / shard["name"] for shard in shards]
@@ -139,12 +140,12 @@ def _open_split(directory: Path, manifest: dict, split: str) -> ShardSplit:
     return ShardSplit(files, index | {"shard": shard}, manifest["classes"])
 
 
-def shard_of_each(shards: Sequence[Mapping]) -> np.ndarray:
+def shard_of_each(shards: Sequence[Mapping[str, Any]]) -> np.ndarray:
     """The shard of each sample, in index order: the shards hold consecutive runs of samples."""
     return np.repeat(np.arange(len(shards), dtype=np.uint32), [shard["count"] for shard in shards])
 
 
-def _check_size(path: Path, shard: Mapping) -> None:
+def _check_size(path: Path, shard: Mapping[str, Any]) -> None:
     if problem := shard_problem(path, shard, hashed=False):
         raise DatasetError(f"{problem} in {path.parent} (python -m data.shards --check verifies every shard)")
 
@@ -158,7 +159,7 @@ def _read_index(path: Path) -> dict[str, np.ndarray]:
 
 
 def _check_index(
-    index: dict[str, np.ndarray], shards: list[dict], shard: np.ndarray, count: int, classes: int, path: Path
+    index: dict[str, np.ndarray], shards: list[dict[str, Any]], shard: np.ndarray, count: int, classes: int, path: Path
 ) -> None:
     """The index agrees with the manifest: its length, the counts per shard, labels in range, members in the shard
     (`shard`: each sample's, from shard_of_each)."""
@@ -191,7 +192,7 @@ def check_shards(directory: Path) -> tuple[int, int]:
     return len(shards), len(train) + len(val)
 
 
-def shard_problem(path: Path, shard: Mapping, *, hashed: bool) -> str | None:
+def shard_problem(path: Path, shard: Mapping[str, Any], *, hashed: bool) -> str | None:
     """What is wrong with the shard file at `path` against its manifest entry: missing, another size (truncated
     or replaced) or, when `hashed` (which reads every byte), another sha256; None if nothing."""
     try:
@@ -274,7 +275,7 @@ def _open_folder_dataset(root: Path) -> dict[str, Split]:
     return {"train": train, "val": val}
 
 
-def _summary(out: Path, manifest: dict) -> str:
+def _summary(out: Path, manifest: dict[str, Any]) -> str:
     splits = manifest["splits"]
     counts = " and ".join(f"{entry['count']} {name}" for name, entry in splits.items())
     shards = sum(len(entry["shards"]) for entry in splits.values())

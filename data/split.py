@@ -18,7 +18,8 @@ class Split(Protocol):
     `name` says where sample i lives (a path, or a shard and member) for messages; `read(i)` returns its bytes.
     """
 
-    classes: tuple[str, ...]
+    @property
+    def classes(self) -> tuple[str, ...]: ...
 
     def __len__(self) -> int: ...
 

@@ -33,7 +33,7 @@ def atomic_file(path: Path, partial: Path | None = None) -> Iterator[BinaryIO]:
         raise
 
 
-def build_atomically(target: Path, build: Callable[[Path], None], is_done: Callable[[], bool]) -> None:
+def build_atomically(target: Path, build: Callable[[Path], object], is_done: Callable[[], bool]) -> None:
     """Run `build(staging)` in a new directory beside `target`, then rename it to `target` (an old one is moved
     aside first), so no process ever sees half of one. Several processes may build the same directory at once:
     one that finds it done (`is_done()`) when its own build ends leaves the other's in place."""

@@ -124,7 +124,7 @@ class _ImageJob(NamedTuple):
     seed: int
     split: str
     class_index: int
-    index: int
+    index_in_class: int
 
 
 def _generate(directory: Path, spec: SyntheticSpec, workers: int) -> None:
@@ -149,7 +149,7 @@ def _generate(directory: Path, spec: SyntheticSpec, workers: int) -> None:
 
 
 def _write_image(job: _ImageJob) -> None:
-    job.path.write_bytes(render_jpeg(job.seed, job.split, job.class_index, job.index))
+    job.path.write_bytes(render_jpeg(job.seed, job.split, job.class_index, job.index_in_class))
 
 
 @functools.cache
@@ -161,11 +161,12 @@ def _class_factors() -> list[tuple[int, int, int]]:
     combos = combos[np.random.default_rng(1).permutation(len(combos))]  # so the factors vary independently
     nearest = np.full(len(combos), len(sizes))  # how many factors each combination differs in, at least
     uses = [np.zeros(size, dtype=int) for size in sizes]
-    chosen = []
+    chosen: list[tuple[int, int, int]] = []
     for _ in range(len(combos)):
         overuse = sum(uses[k][combos[:, k]] for k in range(len(sizes)))
         pick = int(np.argmax(nearest * len(combos) - overuse))
-        chosen.append(tuple(int(f) for f in combos[pick]))
+        shape, hue, texture = combos[pick]
+        chosen.append((int(shape), int(hue), int(texture)))
         nearest = np.minimum(nearest, (combos != combos[pick]).sum(axis=1))
         nearest[pick] = -1
         for k, value in enumerate(combos[pick]):

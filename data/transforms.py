@@ -25,7 +25,7 @@ def random_resized_crop_box(height: int, width: int, area_min: float, seed: int)
     generator.manual_seed(seed)
     shape_only = torch.empty(()).expand(1, height, width)  # get_params reads the size, never the pixels
     try:
-        top, left, h, w = RandomResizedCrop.get_params(shape_only, scale=(area_min, 1.0), ratio=CROP_RATIO)
+        top, left, h, w = RandomResizedCrop.get_params(shape_only, scale=[area_min, 1.0], ratio=list(CROP_RATIO))
         flip = bool(torch.rand(()) < 0.5)
     finally:
         generator.set_state(state)

@@ -48,7 +48,10 @@ class ScriptTask(NamedTuple):  # not a dataclass: Hydra's plugin scan runs this 
         """`task` itself if it lives in an importable module; a ScriptTask if the running script defines it."""
         if task.__module__ != "__main__":
             return task
-        return cls(str(Path(sys.modules["__main__"].__file__).resolve()), task.__name__)
+        script = sys.modules["__main__"].__file__
+        assert script is not None  # the running script, which defines the task
+        # mypy takes no NamedTuple for a Callable, __call__ or not (python/mypy#9858)
+        return cls(str(Path(script).resolve()), task.__name__)  # type: ignore[return-value]
 
     def __call__(self, cfg: DictConfig) -> Any:
         name = Path(self.script).stem

@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from mlperf_logging.rcp_checker import rcp_checker
@@ -28,7 +29,7 @@ class Reference:
 
     case: str  # EXACT | INTERPOLATED | BELOW_SMALLEST | ABOVE_LARGEST
     batch: int
-    record: dict | None  # the checker's record ('BS', 'RCP Mean', 'Min Epochs', ...); None above the largest RCP
+    record: dict[str, Any] | None  # the checker's ('BS', 'RCP Mean', 'Min Epochs', ...); None above the largest RCP
     between: tuple[int, int] | None = None  # the RCP batch sizes an interpolated record lies between
 
 

@@ -18,12 +18,14 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 from hydra.core.override_parser.overrides_parser import OverridesParser
+from matplotlib.axes import Axes
 from matplotlib.patches import Rectangle
 from matplotlib.ticker import MaxNLocator
 from mlperf_logging.compliance_checker.mlp_parser.ruleset_400 import TOKEN, LogLine, string_to_logline
@@ -104,7 +106,7 @@ def first(lines: list[LogLine], key: str) -> LogLine | None:
     return next((line for line in lines if line.key == key), None)
 
 
-def metadata(line: LogLine) -> dict:
+def metadata(line: LogLine) -> dict[str, Any]:
     found = line.value.get("metadata")
     return found if isinstance(found, dict) else {}
 
@@ -170,12 +172,13 @@ def judge(lines: list[LogLine], damage: list[str], complaints: list[str]) -> tup
     """The run's status and why, when it is not a plain success: a damaged or unfinished log first, then the
     checker's verdict, then the status run_stop logged."""
     stop = first(lines, constants.RUN_STOP)
-    outcome = None if stop is None else metadata(stop).get(constants.STATUS)
+    outcome: str | None = None if stop is None else metadata(stop).get(constants.STATUS)
     missing = [f"no {key}" for key in (constants.RUN_START, constants.RUN_STOP) if first(lines, key) is None]
     if stop is not None and outcome not in (SUCCESS, ABORTED):
         missing.append(f"run_stop status {outcome!r}")
     if damage or missing:
         return INCOMPLETE, "; ".join(damage + missing)
+    assert outcome in (SUCCESS, ABORTED)  # any other status made the log incomplete, above
     if outcome == ABORTED:
         complaints = [c for c in complaints if not explains_abort(c)]
     if complaints:
@@ -190,7 +193,7 @@ def training_throughput(lines: list[LogLine]) -> float | None:
     and leaves evaluation out.
     """
     samples = first(lines, constants.TRAIN_SAMPLES)
-    started: dict[int, tuple[int, float]] = {}
+    started: dict[int | None, tuple[int, float]] = {}
     epochs, seconds = 0, 0.0
     for line in lines:
         first_epoch = metadata(line).get(constants.FIRST_EPOCH_NUM)
@@ -292,7 +295,7 @@ def plot_sweep(runs: list[Run], key: str, path: Path) -> None:
 
 
 def draw_panel(
-    ax: plt.Axes, runs: list[Run], xs: list[float], ys: list[float | None], label: str, integer: bool = False
+    ax: Axes, runs: list[Run], xs: list[float], ys: list[float | None], label: str, integer: bool = False
 ) -> None:
     """Runs with a figure at their value; the others in a grey band above every figure, in their status's
     marker, so that a failed run is seen and never reads as a fast one."""

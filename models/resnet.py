@@ -23,6 +23,9 @@ class ResNet50(ResNet):
     `torchvision.models.resnet50()` and loads into it.
     """
 
+    mean: torch.Tensor
+    std: torch.Tensor
+
     def __init__(
         self,
         num_classes: int = 1000,
@@ -55,12 +58,12 @@ def init_mlperf(model: ResNet, zero_init_residual: bool) -> None:
             nn.init.normal_(module.weight, std=0.01)
             nn.init.zeros_(module.bias)
         elif hasattr(module, "weight") and hasattr(module, "running_mean"):
-            nn.init.ones_(module.weight)
-            nn.init.zeros_(module.bias)
+            nn.init.ones_(module.get_parameter("weight"))
+            nn.init.zeros_(module.get_parameter("bias"))
     if zero_init_residual:
         for block in model.modules():
             if isinstance(block, Bottleneck):
-                nn.init.zeros_(block.bn3.weight)
+                nn.init.zeros_(block.bn3.get_parameter("weight"))
 
 
 def batchnorm(momentum: float, eps: float) -> NormLayer:

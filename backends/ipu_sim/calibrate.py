@@ -113,7 +113,9 @@ def load_system(name: str) -> System:
     inside_a_run = GlobalHydra.instance().is_initialized()  # run.mode=project: compose on the run's search path
     with contextlib.nullcontext() if inside_a_run else initialize_config_module("configs", version_base="1.3"):
         cfg = compose("config", overrides=[f"device={name}"])
-    return OmegaConf.to_object(cfg.device).system
+    system = OmegaConf.to_object(cfg.device.system)
+    assert isinstance(system, System)
+    return system
 
 
 def error(projected: float, published: float) -> float:

@@ -60,11 +60,11 @@ def cut(model: nn.Module, splits: Sequence[str]) -> list[fx.GraphModule]:
     graph = fx.symbolic_trace(model).graph
     nodes = [node for node in graph.nodes if node.op != "output"]
     bounds = [0, *_starts(model, nodes, splits), len(nodes)]
-    names = ["the model's start", *splits, None]
+    starts, ends = ["the model's start", *splits], [*splits, None]
     stages: list[fx.GraphModule] = []
     carried: fx.Node | None = None
-    for stage, (first, stop) in enumerate(pairwise(bounds)):
-        part, start, end = nodes[first:stop], names[stage], names[stage + 1]
+    for stage, ((first, stop), start, end) in enumerate(zip(pairwise(bounds), starts, ends, strict=True)):
+        part = nodes[first:stop]
         if not any(node.op == "call_module" for node in part):
             raise ValueError(f"split {end or start!r} leaves pipeline stage {stage} without a layer")
         module, carried = _stage(model, part, carried, graph.output_node(), start, end)
@@ -100,6 +100,7 @@ def _stage(
         if node not in env:
             if node.op != "get_attr":
                 raise ValueError(f"the stage from {start!r} needs {node.name} from an earlier stage besides its input")
+            assert isinstance(node.target, str)  # a get_attr node's target: the attribute's name
             env[node] = graph.get_attr(node.target)  # a parameter or buffer read again: state, not an activation
         return env[node]
 

@@ -73,7 +73,7 @@ class _Recorder:
     def storages(self, value: Any) -> dict[int, float]:
         return {t.untyped_storage().data_ptr(): _bytes(t, self.dtype_bytes) for t in _tensors(value)}
 
-    def pre_hook(self, module: nn.Module, args: tuple) -> None:
+    def pre_hook(self, module: nn.Module, args: tuple[Any, ...]) -> None:
         name = self.names[module]
         if not self.pieces:
             self.pieces.append(_Piece(0, self.storages(args)))
@@ -84,7 +84,7 @@ class _Recorder:
             self.order.append(name)
             self.piece_of[name] = len(self.pieces) - 1
 
-    def post_hook(self, module: nn.Module, args: tuple, output: Any) -> None:
+    def post_hook(self, module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
         piece = self.pieces[-1]
         if next(module.children(), None) is None:
             weights = sum(p.numel() for p in module.parameters()) * self.dtype_bytes

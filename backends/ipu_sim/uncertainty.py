@@ -98,10 +98,10 @@ def interval(
     projections = [project_at(central), *(project_at(refit(corner)) for corner in corners(central, assumptions))]
     throughputs = [p.throughput_img_s for p in projections]
     times = [p.time_to_train_min for p in projections]
-    swings = {
-        name: tuple(project_at(refit(end)).time_to_train_min for end in ends(central, name, assumption))
-        for name, assumption in assumptions.items()
-    }
+    swings: dict[str, tuple[float, float]] = {}
+    for name, assumption in assumptions.items():
+        low_end, high_end = ends(central, name, assumption)
+        swings[name] = (project_at(refit(low_end)).time_to_train_min, project_at(refit(high_end)).time_to_train_min)
     most_sensitive = max(swings, key=lambda name: abs(swings[name][1] - swings[name][0]))
     low, high = swings[most_sensitive]
     moved = abs(high - low) > 1e-3 * high

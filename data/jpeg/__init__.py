@@ -17,6 +17,7 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from types import ModuleType
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -47,7 +48,10 @@ def _load_extension() -> ModuleType:
     return module
 
 
-_jpeg = _load_extension()
+if TYPE_CHECKING:
+    from data.jpeg import _jpeg  # its interface, for mypy: _jpeg.pyi
+else:
+    _jpeg = _load_extension()
 DecodeError = _jpeg.DecodeError
 corrupt_warnings = _jpeg.corrupt_warnings
 
