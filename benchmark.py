@@ -7,20 +7,20 @@ import time
 
 import torch
 
+import backends
 import distributed
-from assemble import build_backend, dataset_shape, precision_policy, seed_everything, select_device
-from configs.schema import Config
+from assemble import dataset_shape, seed_everything
+from configs.schema import Config, batch_shape
 from distributed import Topology
 
 
 def benchmark(cfg: Config, topology: Topology) -> None:
     """A warm-up step, then run.benchmark_steps timed ones; rank 0 prints the figures and one JSON line."""
-    device = select_device(cfg.device.name, cfg.device.threads, topology.local_rank)
     seed_everything(cfg.run.seed, topology.rank)
     classes, _, _ = dataset_shape(cfg)
-    policy = precision_policy(cfg, device)
-    backend = build_backend(cfg, classes, device, topology, policy)
-    batch, size = cfg.data.global_batch // topology.world_size, cfg.data.image_size
+    backend = backends.from_config(cfg, classes, topology)
+    device, policy = backend.device, backend.policy
+    batch, size = batch_shape(cfg, topology.world_size).per_rank, cfg.data.image_size
     images = torch.randint(0, 256, (batch, size, size, 3), dtype=torch.uint8)
     labels = torch.randint(0, classes, (batch,))
     lr = cfg.optim.base_lr / 100  # small enough to stay finite however long it runs

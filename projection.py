@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from assemble import build_model, dataset_shape, ipu_plan
+from assemble import dataset_shape
 from backends.ipu_sim import simulator
 from configs.schema import Config
 
@@ -17,9 +17,9 @@ def project(cfg: Config, out_dir: Path | None) -> None:
     projected epoch and time-to-train for run.max_epochs; write them into `out_dir` too (rank 0's)."""
     torch.manual_seed(cfg.run.seed)
     classes, train_images, eval_images = dataset_shape(cfg)
-    plan = ipu_plan(cfg, build_model(cfg, classes))
+    plan = simulator.plan(cfg, simulator.build_model(cfg, classes))
     workload = simulator.Workload(cfg.run.max_epochs, train_images, eval_images, cfg.mlperf.eval_every)
-    text = simulator.project(plan, cfg.device.system, workload)
+    text = simulator.project(plan, simulator.system_of(cfg), workload)
     print(text, flush=True)
     if out_dir is not None:
         (out_dir / "projection.txt").write_text(text + "\n")

@@ -13,8 +13,9 @@
 Everything the run writes goes to its Hydra output directory: config.yaml (resolved), mlperf.log,
 metrics.csv, metrics.png, checkpoint.pt, and resume.sh after a stop. With several ranks, rank 0 picks the
 directory and writes alone. SIGTERM, SIGINT and SIGUSR1 stop the run at the next step boundary (distributed.stop).
-assemble.py builds the run's parts from the config; run.mode=benchmark and run.mode=project are benchmark.py and
-projection.py.
+backends.from_config builds what trains (model, optimizer, precision policy, on its device), assemble.py the rest
+(data, schedule, log keys), backends/checkpoint.py saves and restores a run; run.mode=benchmark and
+run.mode=project are benchmark.py and projection.py.
 """
 
 from __future__ import annotations
@@ -22,11 +23,9 @@ from __future__ import annotations
 import math
 import os
 import sys
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from functools import partial
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import hydra
 import torch
@@ -38,23 +37,12 @@ from omegaconf.errors import OmegaConfBaseException
 
 import backends
 import distributed
-from assemble import (
-    bn_span,
-    build_backend,
-    hyperparameters,
-    make_loader,
-    make_schedule,
-    open_splits,
-    precision_policy,
-    seed_everything,
-    select_device,
-    submission_platform,
-)
+from assemble import hyperparameters, make_loader, make_schedule, open_splits, seed_everything, submission_platform
 from backends import checkpoint
-from backends.checkpoint import CheckpointError
+from backends.checkpoint import CHECKPOINT, FINAL_WEIGHTS, CheckpointError, Loop, restore_point, restore_run
 from benchmark import benchmark
 from configs.errors import describe
-from configs.schema import Config, ConfigError, register, training_fingerprint, validate
+from configs.schema import Config, ConfigError, batch_shape, register, training_fingerprint, validate
 from data.datasets import describe_dataset
 from data.loader import Loader
 from data.split import DatasetError
@@ -62,16 +50,14 @@ from data.synthetic import CACHE_ENV
 from distributed import LaunchError, PeerLost, Topology
 from distributed.stop import RESUME_SCRIPT, StopRequested, catch_stop_signals, tell_how_to_resume
 from mlperf_logs.hyperparameters import Submission, log_hyperparameters, log_submission
-from mlperf_logs.logger import RESUMED, MLPerfLogger, constants, keep_attempt, truncate_to
+from mlperf_logs.logger import MLPerfLogger, constants
 from mlperf_logs.metrics import TENSORBOARD, EpochMetrics, EpochTimer, MetricsCSV, plot
 from mlperf_logs.progress import Progress, epoch_line, job_log, print_summary, say
 from optim import Schedule
-from optim.precision import NonFiniteLoss
+from optim.precision import NonFiniteLoss, Policy
 from projection import project
 
 USER_ERRORS = (ConfigError, DatasetError, CheckpointError, LaunchError, HydraException, OmegaConfBaseException)
-CHECKPOINT = "checkpoint.pt"
-FINAL_WEIGHTS = "model.pt"
 METRICS = "metrics.csv"
 PLOT = "metrics.png"
 NO_TRIAL_COMPLETED = "No trials are completed yet."  # optuna's study.best_trial, when every trial failed
@@ -98,7 +84,8 @@ def exit_in_one_line(err: BaseException) -> NoReturn:
 
 def run(raw: DictConfig) -> float | None:
     topology = distributed.from_environment()
-    cfg: Config = OmegaConf.to_object(raw)
+    cfg = OmegaConf.to_object(raw)
+    assert isinstance(cfg, Config)  # the schema is the base of every composed config (register)
     validate(cfg, topology.world_size)
     with distributed.process_group(topology, cfg.device.name, cfg.dist.timeout_s):
         if cfg.run.mode == "benchmark":
@@ -121,25 +108,38 @@ def sweep_objective(status: str, minutes: float) -> float | None:
 
 
 @dataclass
-class Loop:
-    """Where the run stands: the epoch under way, the optimizer steps taken, when run_start was logged, and how
-    far the epoch has come: its steps taken and their losses on this rank."""
+class Run:
+    """What one training run carries from start to end: its settings and ranks, where and what it logs, what
+    trains and on which data, and where its loop stands."""
 
-    epoch: int = 1
-    step: int = 0
-    run_start: float = 0.0
-    batch: int = 0
-    losses: list[torch.Tensor] = field(default_factory=list)
+    cfg: Config
+    out_dir: Path
+    topology: Topology
+    log: MLPerfLogger
+    metrics: MetricsCSV
+    backend: backends.Backend
+    train_loader: Loader
+    val_loader: Loader
+    schedule: Schedule
+    loop: Loop = field(default_factory=Loop)
+
+    def log_sizes(self) -> dict[str, int]:
+        """The sizes of rank 0's logs: a resumed run cuts them back to these."""
+        assert self.log.path is not None and self.metrics.path is not None
+        return {"mlperf": self.log.path.stat().st_size, "metrics": self.metrics.path.stat().st_size}
 
 
 def train(cfg: Config, out_dir: Path, topology: Topology, resolved: str) -> tuple[str, float]:
-    device = select_device(cfg.device.name, cfg.device.threads, topology.local_rank)
-    policy = precision_policy(cfg, device)
-    resumed = distributed.from_main(lambda: restore_point(cfg, out_dir, topology.world_size))
+    """The run from its log's init_start (or the checkpoint it resumes) to its run_stop; returns its status and
+    its time-to-train in minutes."""
+    device = backends.select_device(cfg.device, topology.local_rank)
+    policy = Policy.for_device(cfg.precision, device.type)
+    fingerprint = training_fingerprint(cfg, topology.world_size)
+    checkpoint = distributed.from_main(lambda: restore_point(out_dir, cfg.mlperf.log_file, cfg.run.resume, fingerprint))
     log = MLPerfLogger(out_dir / cfg.mlperf.log_file if topology.is_main else None)
     if topology.is_main:
         (out_dir / "config.yaml").write_text(resolved)
-    if resumed is None:
+    if checkpoint is None:
         log.event(constants.CACHE_CLEAR, True)
         log.start(constants.INIT_START)
         platform = submission_platform(cfg, policy)
@@ -149,95 +149,106 @@ def train(cfg: Config, out_dir: Path, topology: Topology, resolved: str) -> tupl
 
     # Data: the index of both splits (the synthetic set is generated here on first use), then the loaders.
     train_split, val_split = open_splits(cfg, topology)
-    per_rank_batch = cfg.data.global_batch // topology.world_size
-    train_loader = make_loader(cfg, train_split, topology, train=True, batch=per_rank_batch, device=device)
-    val_loader = make_loader(cfg, val_split, topology, train=False, batch=cfg.data.eval_batch, device=device)
-    steps_per_epoch = len(train_loader)
-
-    # Model, optimizer with the MLPerf parameter groups, precision policy; the schedule as a function of the step.
+    train_loader = make_loader(cfg, train_split, topology, train=True, device=device)
+    val_loader = make_loader(cfg, val_split, topology, train=False, device=device)
     if topology.is_main:
         say(describe_dataset(train_split, val_split))
-        say(f"precision {policy.describe()}")
-        if policy.emulate and policy.compute == "bf16" and cfg.precision.emulate == "auto":
-            say("bf16 is emulated: this CPU has no native bf16 kernels (precision.emulate=never forces them)")
-        if topology.distributed:
-            say(f"{topology.world_size} ranks ({topology.launcher}), BN span {bn_span(cfg, topology.world_size)}")
-    backend = build_backend(cfg, len(train_split.classes), device, topology, policy)
+        announce(cfg, policy, topology)
+
+    # Model, optimizer with the MLPerf parameter groups and precision policy, on the device; the schedule by step.
+    backend = backends.from_config(cfg, len(train_split.classes), topology)
     if cfg.mlperf.clock == "device":
         log.clock = backend.now  # from here on the log, and the time-to-train, are in the simulated IPUs' time
-    schedule = make_schedule(cfg, steps_per_epoch)
-
+    schedule = make_schedule(cfg, len(train_loader))
     tensorboard = out_dir / TENSORBOARD if cfg.run.tensorboard else None
     metrics = MetricsCSV(out_dir / METRICS if topology.is_main else None, tensorboard)
-    if resumed is None:
+    run = Run(cfg, out_dir, topology, log, metrics, backend, train_loader, val_loader, schedule)
+    if checkpoint is None:
         log_hyperparameters(log, hyperparameters(cfg, schedule, topology.world_size, train_split, val_split))
         log.end(constants.INIT_STOP)
         distributed.barrier()  # every rank is ready when the clock starts
         log.start(constants.RUN_START)
-        loop = Loop(run_start=log.clock())
+        run.loop.run_start = log.clock()
     else:
-        loop = resume(resumed, backend, log, metrics, topology.rank)
+        resume(run, checkpoint)
 
-    loaders = (train_loader, val_loader)
-    quiet = not topology.is_main
-    try:
-        status, accuracy = train_to_target(cfg, backend, *loaders, schedule, loop, log, metrics, out_dir, quiet)
-    except BaseException as err:  # a bad file under data.corrupt=fail, a lost rank, a stop: the log ends the run
-        log.end(constants.RUN_STOP, metadata={constants.STATUS: constants.ABORTED})
-        log.close()
-        if topology.is_main:
-            plot_so_far(metrics, out_dir, cfg.mlperf.target_accuracy)  # a stopped or failed run's epochs so far
-        if isinstance(err, StopRequested):
-            if topology.is_main:
-                where = f"step {loop.step} (epoch {loop.epoch}, {loop.batch} of its {steps_per_epoch} steps done)"
-                tell_how_to_resume(err, where, topology, HydraConfig.get().overrides.task, out_dir, [CACHE_ENV])
-            distributed.barrier()  # rank 0's checkpoint and log are whole before any rank exits
-        raise
-    finally:
-        for loader in loaders:
-            loader.close()  # the workers, now: not left to the exit handlers (Loader.close says why)
-    log.end(constants.RUN_STOP, metadata={constants.STATUS: status})
-    minutes = (log.clock() - loop.run_start) / 60
-    log.close()
-    metrics.close()
-    if topology.is_main:
-        plot_so_far(metrics, out_dir, cfg.mlperf.target_accuracy)
-        checkpoint.save_atomically(out_dir / FINAL_WEIGHTS, backend.state_dict()["model"])
-        for name in (CHECKPOINT, RESUME_SCRIPT):  # the run is over: nothing is left to resume
-            (out_dir / name).unlink(missing_ok=True)
-        skipped = {**train_loader.skipped, **val_loader.skipped}
-        warned = train_loader.warned | val_loader.warned
-        print_summary(status, accuracy, loop.epoch - 1, minutes, out_dir, skipped, warned)
+    with train_loader, val_loader:  # the workers end with the run, however it ends (Loader.close says why)
+        try:
+            status, accuracy = train_to_target(run)
+        except BaseException as err:  # a bad file under data.corrupt=fail, a lost rank, a stop: the log ends the run
+            end_stopped(run, err)
+            raise
+    return finish(run, status, accuracy)
+
+
+def announce(cfg: Config, policy: Policy, topology: Topology) -> None:
+    """The precision policy as it runs here, and the ranks."""
+    say(f"precision {policy.describe()}")
+    if policy.emulated and policy.compute == "bf16" and cfg.precision.emulate == "auto":
+        say("bf16 is emulated: this CPU has no native bf16 kernels (precision.emulate=never forces them)")
+    if topology.distributed:
+        span = batch_shape(cfg, topology.world_size).bn_span
+        say(f"{topology.world_size} ranks ({topology.launcher}), BN span {span}")
+
+
+def resume(run: Run, checkpoint: dict[str, Any]) -> None:
+    """Continue exactly where the checkpoint left off; the logs are cut back to their sizes then."""
+    run.loop, sizes = restore_run(checkpoint, run.backend, run.topology.rank)
+    run.metrics.resume(sizes["metrics"], run.loop.step)
+    run.log.resume(sizes["mlperf"], run.loop.step, run.loop.epoch)
+    if run.topology.is_main:
+        loop = run.loop
+        say(f"resuming at epoch {loop.epoch} (step {loop.step}, {loop.batch} steps into the epoch)")
+
+
+def end_stopped(run: Run, err: BaseException) -> None:
+    """The log of a run that did not end on its own ends aborted; a stopped one says how to resume it."""
+    run.log.end(constants.RUN_STOP, metadata={constants.STATUS: constants.ABORTED})
+    run.log.close()
+    if run.topology.is_main:
+        plot_so_far(run)  # a stopped or failed run's epochs so far
+    if isinstance(err, StopRequested):
+        if run.topology.is_main:
+            loop = run.loop
+            where = f"step {loop.step} (epoch {loop.epoch}, {loop.batch} of its {len(run.train_loader)} steps done)"
+            tell_how_to_resume(err, where, run.topology, HydraConfig.get().overrides.task, run.out_dir, [CACHE_ENV])
+        distributed.barrier()  # rank 0's checkpoint and log are whole before any rank exits
+
+
+def finish(run: Run, status: str, accuracy: float | None) -> tuple[str, float]:
+    """run_stop, the plot and the final weights; nothing is left to resume. Returns the status and minutes."""
+    run.log.end(constants.RUN_STOP, metadata={constants.STATUS: status})
+    minutes = (run.log.clock() - run.loop.run_start) / 60
+    run.log.close()
+    run.metrics.close()
+    if run.topology.is_main:
+        plot_so_far(run)
+        checkpoint.save_atomically(run.out_dir / FINAL_WEIGHTS, run.backend.state_dict()["model"])
+        for name in (CHECKPOINT, RESUME_SCRIPT):
+            (run.out_dir / name).unlink(missing_ok=True)
+        skipped = {**run.train_loader.skipped, **run.val_loader.skipped}
+        warned = run.train_loader.warned | run.val_loader.warned
+        print_summary(status, accuracy, run.loop.epoch - 1, minutes, run.out_dir, skipped, warned)
     return status, minutes
 
 
-def plot_so_far(metrics: MetricsCSV, out_dir: Path, target: float) -> None:
+def plot_so_far(run: Run) -> None:
     """metrics.png from the epochs ended so far, on rank 0 (which writes metrics.csv); none before the first."""
-    if metrics.path is not None and (rows := metrics.read()):
-        plot(rows, out_dir / PLOT, target)
+    if run.metrics.path is not None and (rows := run.metrics.read()):
+        plot(rows, run.out_dir / PLOT, run.cfg.mlperf.target_accuracy)
 
 
-def train_to_target(
-    cfg: Config,
-    backend: backends.Backend,
-    train_loader: Loader,
-    val_loader: Loader,
-    schedule: Schedule,
-    loop: Loop,
-    log: MLPerfLogger,
-    metrics: MetricsCSV,
-    out_dir: Path,
-    quiet: bool = False,
-) -> tuple[str, float | None]:
+def train_to_target(run: Run) -> tuple[str, float | None]:
     """Epochs in blocks that end with an evaluation, until the target accuracy or the epoch budget.
 
     Every rank takes the same decisions: the loss and the accuracy they rest on are reduced over the ranks.
     Times are on the log's clock.
     """
+    cfg, backend, log, loop = run.cfg, run.backend, run.log, run.loop
     evals = eval_epochs(cfg.run.max_epochs, cfg.mlperf.first_eval, cfg.mlperf.eval_every)
+    quiet = not run.topology.is_main
     progress = Progress("none" if quiet else cfg.run.progress, cfg.run.max_epochs, cfg.data.global_batch)
-    stop_if_requested = partial(checkpoint_if_stopped, cfg, backend, loop, log, metrics, out_dir)
-    timer = EpochTimer(lambda: train_loader.waited_s, lambda: backend.allreduce_s)
+    timer = EpochTimer(lambda: run.train_loader.waited_s, lambda: backend.allreduce_s)
     accuracy: float | None = None
     for epoch in range(loop.epoch, cfg.run.max_epochs + 1):
         timer.start()
@@ -250,57 +261,55 @@ def train_to_target(
             )
         started, first_batch = log.clock(), loop.batch
         try:
-            loss, lr = train_epoch(backend, train_loader, schedule, loop, progress, stop_if_requested)
-            loss = distributed.mean_over_ranks(loss)
-            backend.end_epoch()
+            loss, lr = train_epoch(run, progress)
         except NonFiniteLoss as err:
             say(f"error: {err} in epoch {epoch}; stopping (run_stop aborted)", error=True)
             return constants.ABORTED, accuracy
+        backend.end_epoch()
         images_per_s = (loop.batch - first_batch) * cfg.data.global_batch / (log.clock() - started)
-        if not math.isfinite(loss):
-            say(f"error: the training loss is {loss} in epoch {epoch}; stopping (run_stop aborted)", error=True)
-            return constants.ABORTED, accuracy
         accuracy = None
         if epoch in evals:
             log.end(constants.BLOCK_STOP, metadata={constants.FIRST_EPOCH_NUM: block_first})
             log.start(constants.EVAL_START, metadata={constants.EPOCH_NUM: epoch})
             with timer.evaluating():
-                accuracy = evaluate(backend, val_loader)
+                accuracy = evaluate(backend, run.val_loader)
             log.event(constants.EVAL_ACCURACY, accuracy, metadata={constants.EPOCH_NUM: epoch})
             log.end(constants.EVAL_STOP, metadata={constants.EPOCH_NUM: epoch})
-        elapsed = log.clock() - loop.run_start
         row = EpochMetrics(
-            epoch, loop.step, lr, loss, images_per_s, accuracy, elapsed, backend.loss_scale, backend.skipped_steps,
+            epoch=epoch,
+            step=loop.step,
+            lr=lr,
+            train_loss=loss,
+            images_per_s=images_per_s,
+            eval_accuracy=accuracy,
+            elapsed_s=log.clock() - loop.run_start,
+            loss_scale=backend.loss_scale,
+            skipped_steps=backend.skipped_steps,
             **timer.fractions(),
-        )  # fmt: skip
-        metrics.append(row)
+        )
+        run.metrics.append(row)
         progress.end_epoch(epoch_line(cfg.run.max_epochs, row))
         loop.epoch, loop.batch, loop.losses = epoch + 1, 0, []
         if accuracy is not None and accuracy >= cfg.mlperf.target_accuracy:
             return constants.SUCCESS, accuracy
         if epoch < cfg.run.max_epochs:
-            stop_if_requested()  # a signal during the evaluation stops the run here, between two epochs
+            stop_if_requested(run)  # a signal during the evaluation stops the run here, between two epochs
             if cfg.run.checkpoint:
-                save_checkpoint(cfg, backend, loop, log, metrics, out_dir)
+                save(run)
     return constants.ABORTED, accuracy
 
 
-def train_epoch(
-    backend: backends.Backend,
-    loader: Loader,
-    schedule: Schedule,
-    loop: Loop,
-    progress: Progress,
-    stop_if_requested: Callable[[], None],
-) -> tuple[float, float]:
+def train_epoch(run: Run, progress: Progress) -> tuple[float, float]:
     """Epoch `loop.epoch` from where it stands (its start, or where a stopped run left it), with a chance to stop
-    after each step; returns the epoch's mean loss (one host sync per epoch) and its last lr.
+    after each step; returns the epoch's mean loss over the ranks (one host sync per epoch) and its last lr.
 
-    Updates that loss scaling skipped (non-finite loss or gradients) are left out of the mean.
+    Updates that loss scaling skipped (non-finite loss or gradients) are left out of the mean; an epoch with no
+    finite loss raises NonFiniteLoss, as loss scaling does after too many skips in a row.
     """
-    loader.set_epoch(loop.epoch, first_batch=loop.batch)
-    progress.start_epoch(loop.epoch, loop.batch + len(loader), done=loop.batch)
-    for images, labels in loader:
+    loop, backend, schedule = run.loop, run.backend, run.schedule
+    run.train_loader.set_epoch(loop.epoch, first_batch=loop.batch)
+    progress.start_epoch(loop.epoch, loop.batch + len(run.train_loader), done=loop.batch)
+    for images, labels in run.train_loader:
         lr = schedule(loop.step)
         distributed.record_step(loop.step + 1)
         loss = backend.train_step(images, labels, lr)
@@ -308,21 +317,29 @@ def train_epoch(
         loop.batch += 1
         loop.losses.append(loss)
         progress.step(loop.batch, loss, lr)
-        stop_if_requested()
+        stop_if_requested(run)
     losses = torch.stack(loop.losses)
     finite = losses[torch.isfinite(losses)]
-    return float(finite.mean()) if len(finite) else math.inf, schedule(loop.step - 1)
+    mean = distributed.mean_over_ranks(float(finite.mean()) if len(finite) else math.inf)
+    if not math.isfinite(mean):
+        raise NonFiniteLoss(f"the training loss is {mean}")
+    return mean, schedule(loop.step - 1)
 
 
-def checkpoint_if_stopped(
-    cfg: Config, backend: backends.Backend, loop: Loop, log: MLPerfLogger, metrics: MetricsCSV, out_dir: Path
-) -> None:
+def stop_if_requested(run: Run) -> None:
     """At a step boundary, on every rank: once any rank has received a stop signal, checkpoint where the run
     stands and raise StopRequested."""
     stop = StopRequested.agreed()
     if stop is not None:
-        save_checkpoint(cfg, backend, loop, log, metrics, out_dir)
+        save(run)
         raise stop
+
+
+def save(run: Run) -> None:
+    """The run's checkpoint, written by rank 0 with every rank's own state."""
+    path = run.out_dir / CHECKPOINT if run.topology.is_main else None
+    fingerprint = training_fingerprint(run.cfg, run.topology.world_size)
+    checkpoint.save_run(path, run.backend, run.loop, run.log_sizes, fingerprint)
 
 
 def evaluate(backend: backends.Backend, loader: Loader) -> float:
@@ -334,70 +351,6 @@ def evaluate(backend: backends.Backend, loader: Loader) -> float:
 def eval_epochs(max_epochs: int, first: int, every: int) -> set[int]:
     """The MLPerf schedule: every `every` epochs starting at `first`, and the last epoch of the budget."""
     return set(range(first, max_epochs + 1, every)) | {max_epochs}
-
-
-def restore_point(cfg: Config, out_dir: Path, world_size: int) -> dict | None:
-    """The checkpoint to continue from (run.resume=auto and one exists in the output directory), else None.
-
-    A new run never writes into a directory that already holds an MLPerf log: two runs in one log would
-    make it fail the checker.
-    """
-    path = out_dir / CHECKPOINT
-    if cfg.run.resume == "auto" and path.exists():
-        return checkpoint.load(path, training_fingerprint(cfg) | {"world_size": world_size})
-    if (out_dir / cfg.mlperf.log_file).exists():
-        state = "a finished run" if (out_dir / FINAL_WEIGHTS).exists() else "a run with no checkpoint to resume"
-        advice = "give a new hydra.run.dir"
-        if path.exists():
-            state = "a stopped run"
-            advice = f"continue it with run.resume=auto (as {out_dir / RESUME_SCRIPT} does), or {advice}"
-        raise ConfigError("run.resume", f"{out_dir} already holds {state}; {advice}")
-    return None
-
-
-def resume(state: dict, backend: backends.Backend, log: MLPerfLogger, metrics: MetricsCSV, rank: int) -> Loop:
-    """Continue exactly where the checkpoint left off; logs written after it are cut back to its sizes, and the
-    MLPerf log says where the run was resumed, and where the stopped attempt's whole log is kept."""
-    own = state["ranks"][rank]
-    try:
-        backend.load_state_dict(state["backend"])
-        backend.load_rank_state_dict(own["backend"])
-    except (RuntimeError, KeyError, ValueError) as err:
-        raise CheckpointError(f"checkpoint does not fit this model and optimizer: {err}") from err
-    checkpoint.set_rng_state(own["rng"])
-    loop = Loop(**state["loop"], losses=list(own["losses"].to(backend.device).unbind()))
-    metrics.resume(state["log_sizes"]["metrics"], loop.step)
-    if log.path is not None:
-        attempt = keep_attempt(log.path)
-        truncate_to(log.path, state["log_sizes"]["mlperf"])
-        log.event(RESUMED, {"step": loop.step, "epoch": loop.epoch, "stopped_attempt_log": attempt.name})
-        say(f"resuming at epoch {loop.epoch} (step {loop.step}, {loop.batch} steps into the epoch)")
-    return loop
-
-
-def save_checkpoint(
-    cfg: Config, backend: backends.Backend, loop: Loop, log: MLPerfLogger, metrics: MetricsCSV, out_dir: Path
-) -> None:
-    """Rank 0 writes the checkpoint, with what each rank holds alone: its generator states, its losses of the
-    epoch so far and its backend's own state (BatchNorm statistics that the epoch's end has not averaged yet)."""
-    own = {
-        "rng": checkpoint.rng_state(),
-        "losses": torch.stack(loop.losses).cpu() if loop.losses else torch.empty(0),
-        "backend": backend.rank_state_dict(),
-    }
-    ranks = distributed.gather_to_main(own)
-    if log.path is None or metrics.path is None:
-        return
-    checkpoint.save(
-        out_dir / CHECKPOINT,
-        {
-            "backend": backend.state_dict(),
-            "loop": {key: value for key, value in vars(loop).items() if key != "losses"},  # losses: per rank
-            "ranks": ranks,
-            "log_sizes": {"mlperf": log.path.stat().st_size, "metrics": metrics.path.stat().st_size},
-            "fingerprint": training_fingerprint(cfg) | {"world_size": len(ranks)},
-        },
-    )
 
 
 if __name__ == "__main__":

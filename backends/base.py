@@ -6,6 +6,8 @@ from typing import Any, Protocol
 
 import torch
 
+from optim.precision import Policy
+
 
 class Backend(Protocol):
     """A model, its optimizer and numerics, bound to where they execute.
@@ -15,9 +17,26 @@ class Backend(Protocol):
     """
 
     device: torch.device
-    loss_scale: float  # the loss scale now (1 without loss scaling)
-    skipped_steps: int  # updates skipped so far because loss scaling found non-finite gradients
-    allreduce_s: float  # seconds this rank has waited so far for the gradient all-reduce (0 with one rank)
+
+    @property
+    def policy(self) -> Policy:
+        """The precision policy its steps follow."""
+        ...
+
+    @property
+    def loss_scale(self) -> float:
+        """The loss scale now (1 without loss scaling)."""
+        ...
+
+    @property
+    def skipped_steps(self) -> int:
+        """Updates skipped so far because loss scaling found non-finite gradients."""
+        ...
+
+    @property
+    def allreduce_s(self) -> float:
+        """Seconds this rank has waited so far for the gradient all-reduce (0 with one rank)."""
+        ...
 
     def train_step(self, images: torch.Tensor, labels: torch.Tensor, lr: float) -> torch.Tensor:
         """One weight update at learning rate `lr`; returns the mean training loss."""

@@ -1,16 +1,105 @@
-"""Checkpoints: written atomically (temporary file, then rename), loaded with weights_only, checked on load."""
+"""Checkpoints: written atomically (temporary file, then rename), loaded with weights_only, checked on load.
+
+A training run's checkpoint holds its backend's state, where its loop stood, what each rank holds alone, and the
+sizes its logs had, so that `restore_run` continues it bitwise (`save_run` writes it, `restore_point` finds it).
+"""
 
 from __future__ import annotations
 
 import os
 import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
+import distributed
+from backends.base import Backend
+from configs.schema import ConfigError
+from distributed.stop import RESUME_SCRIPT
+
 FORMAT = 2  # 2: each rank's state (generators, the epoch's losses, BatchNorm statistics) under "ranks"
+CHECKPOINT = "checkpoint.pt"  # in the run's output directory, replaced at each epoch's end and at a stop
+FINAL_WEIGHTS = "model.pt"  # the trained model's state_dict, written when the run ends
+
+
+@dataclass
+class Loop:
+    """Where a run stands: the epoch under way, the optimizer steps taken, when run_start was logged, and how
+    far the epoch has come: its steps taken and their losses on this rank."""
+
+    epoch: int = 1
+    step: int = 0
+    run_start: float = 0.0
+    batch: int = 0
+    losses: list[torch.Tensor] = field(default_factory=list)
+
+
+def restore_point(out_dir: Path, log_file: str, resume: str, fingerprint: dict[str, Any]) -> dict[str, Any] | None:
+    """The checkpoint to continue from (`resume` is "auto" and one exists in `out_dir`), else None.
+
+    A new run never writes into a directory that already holds an MLPerf log (`log_file`): two runs in one log
+    would make it fail the checker.
+    """
+    path = out_dir / CHECKPOINT
+    if resume == "auto" and path.exists():
+        return load(path, fingerprint)
+    if (out_dir / log_file).exists():
+        state = "a finished run" if (out_dir / FINAL_WEIGHTS).exists() else "a run with no checkpoint to resume"
+        advice = "give a new hydra.run.dir"
+        if path.exists():
+            state = "a stopped run"
+            advice = f"continue it with run.resume=auto (as {out_dir / RESUME_SCRIPT} does), or {advice}"
+        raise ConfigError("run.resume", f"{out_dir} already holds {state}; {advice}")
+    return None
+
+
+def save_run(
+    path: Path | None,
+    backend: Backend,
+    loop: Loop,
+    log_sizes: Callable[[], dict[str, int]],
+    fingerprint: dict[str, Any],
+) -> None:
+    """Called on every rank; rank 0 (the one with a `path`) writes the checkpoint, with what each rank holds alone:
+    its generator states, its losses of the epoch so far and its backend's own state (BatchNorm statistics that the
+    epoch's end has not averaged yet), and the `log_sizes` its logs have now."""
+    own = {
+        "rng": rng_state(),
+        "losses": torch.stack(loop.losses).cpu() if loop.losses else torch.empty(0),
+        "backend": backend.rank_state_dict(),
+    }
+    ranks = distributed.gather_to_main(own)
+    if path is None:
+        return
+    position = {key: value for key, value in vars(loop).items() if key != "losses"}  # losses: per rank
+    save(
+        path,
+        {
+            "backend": backend.state_dict(),
+            "loop": position,
+            "ranks": ranks,
+            "log_sizes": log_sizes(),
+            "fingerprint": fingerprint,
+        },
+    )
+
+
+def restore_run(state: dict[str, Any], backend: Backend, rank: int) -> tuple[Loop, dict[str, int]]:
+    """Put `backend` and the generators back as the checkpoint `state` holds them for `rank`; returns where the
+    loop stood and the sizes the run's logs had then."""
+    own = state["ranks"][rank]
+    try:
+        backend.load_state_dict(state["backend"])
+        backend.load_rank_state_dict(own["backend"])
+    except (RuntimeError, KeyError, ValueError) as err:
+        raise CheckpointError(f"checkpoint does not fit this model and optimizer: {err}") from err
+    set_rng_state(own["rng"])
+    loop = Loop(**state["loop"], losses=list(own["losses"].to(backend.device).unbind()))
+    return loop, state["log_sizes"]
 
 
 class CheckpointError(ValueError):
@@ -65,12 +154,12 @@ def _not_a_checkpoint(path: Path) -> CheckpointError:
 
 def rng_state() -> dict[str, Any]:
     """Python's, NumPy's and torch's global generator states, in types that weights_only loading accepts."""
-    kind, keys, pos, has_gauss, gauss = np.random.get_state()
+    kind, keys, pos, has_gauss, gauss = np.random.get_state(legacy=True)
     return {
         "python": random.getstate(),
         "numpy": {
             "kind": kind,
-            "keys": torch.from_numpy(keys.copy()),
+            "keys": torch.from_numpy(np.array(keys)),  # a copy: the state is numpy's own array
             "pos": pos,
             "gauss": (has_gauss, gauss),
         },

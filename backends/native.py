@@ -5,20 +5,27 @@ from __future__ import annotations
 import contextlib
 import time
 from contextlib import AbstractContextManager
-from typing import Any
+from functools import partial
+from typing import Any, Self
 
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
+from configs.schema import Config, ConfigError, DeviceConfig
+from distributed import Topology
 from distributed.allreduce import GradientBuckets, Stopwatch
+from distributed.batchnorm import DistributedBatchNorm2d
 from distributed.group import average_over_ranks, broadcast_from_main
+from models import batchnorm, build_resnet50
 from models.loss import smoothed_cross_entropy
+from models.resnet import NormLayer
+from optim import build_optimizer
 from optim.precision import MixedPrecision, Policy
 
 # images, labels, and the scope its forward runs in (reusable: a pipeline enters it once per stage)
-Pass = tuple[torch.Tensor, torch.Tensor, AbstractContextManager]
+Pass = tuple[torch.Tensor, torch.Tensor, AbstractContextManager[object]]
 
 
 class LocalGradients:
@@ -70,6 +77,30 @@ class NativeBackend:
             if several_ranks
             else LocalGradients(optimizer)
         )
+
+    @classmethod
+    def from_config(cls, cfg: Config, classes: int, topology: Topology) -> Self:
+        """ResNet-50 with the configured norm layer, LARS or SGD with the MLPerf parameter groups, and the precision
+        policy, bound to this rank's device."""
+        device = cls.select_device(cfg.device, topology.local_rank)
+        model = build_resnet50(classes, norm_layer(cfg), cfg.model.zero_init_residual, cfg.device.channels_last)
+        return cls(model, optimizer_for(cfg, model), device, **settings(cfg, device))
+
+    @staticmethod
+    def select_device(cfg: DeviceConfig, local_rank: int) -> torch.device:
+        """The CPU, or the GPU of this rank's local rank."""
+        use_threads(cfg.threads)
+        if cfg.name == "cpu":
+            return torch.device("cpu")
+        if not torch.cuda.is_available():
+            raise ConfigError("device.name", "cuda was asked for but no CUDA device is available (use device=cpu)")
+        if local_rank >= torch.cuda.device_count():
+            raise ConfigError("device.name", f"local rank {local_rank} has no GPU ({torch.cuda.device_count()} here)")
+        return torch.device("cuda", local_rank)
+
+    @property
+    def policy(self) -> Policy:
+        return self.precision.policy
 
     @property
     def loss_scale(self) -> float:
@@ -165,3 +196,35 @@ class NativeBackend:
             for stat in (m.running_mean, m.running_var)
             if stat is not None
         ]
+
+
+def use_threads(threads: int) -> None:
+    """torch's intra-op threads: `threads`, or torch's default for 0."""
+    if threads:
+        torch.set_num_threads(threads)
+
+
+def norm_layer(cfg: Config) -> NormLayer:
+    """BatchNorm2d, or DistributedBatchNorm2d when statistics span several ranks."""
+    model, group = cfg.model, cfg.dist.bn_group_size
+    if group == 1:
+        return batchnorm(model.bn_momentum, model.bn_eps)
+    return partial(DistributedBatchNorm2d, group_size=group, eps=model.bn_eps, momentum=model.bn_momentum)
+
+
+def optimizer_for(cfg: Config, model: nn.Module) -> torch.optim.Optimizer:
+    """LARS or SGD as cfg.optim names it, over the model's MLPerf parameter groups."""
+    o = cfg.optim
+    return build_optimizer(o.name, model, lr=o.base_lr, momentum=o.momentum, weight_decay=o.weight_decay, eta=o.eta)
+
+
+def settings(cfg: Config, device: torch.device) -> dict[str, Any]:
+    """The constructor's keyword arguments that every backend reads from the config alike."""
+    return {
+        "label_smoothing": cfg.optim.label_smoothing,
+        "grad_accum": cfg.dist.grad_accum,
+        "policy": Policy.for_device(cfg.precision, device.type),
+        "seed": cfg.run.seed * 1_000_003,  # one rounding stream on every rank: replicas keep identical weights
+        "bucket_mb": cfg.dist.bucket_mb,
+        "overlap": cfg.dist.overlap,
+    }

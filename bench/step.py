@@ -75,11 +75,11 @@ NATIVE_BF16 = not emulates("bf16", "auto", "cpu")
 ONEDNN_BF16 = torch.ops.mkldnn._is_mkldnn_bf16_supported()  # kernels of its own, native or not
 POLICIES = {
     "fp32": Policy("fp32"),
-    "bf16": Policy("bf16", compute="bf16", emulate=not NATIVE_BF16),
-    "fp16": Policy("fp16.32", compute="fp16", loss_scaling="dynamic", init_scale=INIT_SCALE, emulate=True),
+    "bf16": Policy("bf16", compute="bf16", emulated=not NATIVE_BF16),
+    "fp16": Policy("fp16.32", compute="fp16", loss_scaling="dynamic", init_scale=INIT_SCALE, emulated=True),
 }
-EMULATED_BF16 = Policy("bf16", compute="bf16", emulate=True)
-NATIVE_BF16_POLICY = Policy("bf16", compute="bf16", emulate=False)
+EMULATED_BF16 = Policy("bf16", compute="bf16", emulated=True)
+NATIVE_BF16_POLICY = Policy("bf16", compute="bf16", emulated=False)
 ROUNDED_LAYERS = (nn.Conv2d, nn.Linear, nn.BatchNorm2d, nn.ReLU, nn.MaxPool2d, nn.AdaptiveAvgPool2d)
 
 

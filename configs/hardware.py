@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+OPTIMIZER_STATES = ("on_chip", "streaming")  # where a run keeps optimizer state: in SRAM, or in streaming memory
+
 
 @dataclass
 class Chip:

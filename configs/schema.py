@@ -10,12 +10,22 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from hydra.core.config_store import ConfigStore
 
-from configs.hardware import System
+from configs.hardware import OPTIMIZER_STATES, System
+from data.datasets import DATASETS, FORMATS
+from data.loader import CORRUPT_POLICIES
 from data.synthetic import MAX_CLASSES
-from optim.precision import EMULATE
+from mlperf_logs.progress import PROGRESS_MODES
+from optim import OPTIMIZERS
+from optim.precision import DTYPES, EMULATE, LOSS_SCALING, PrecisionConfig
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+DEVICES = ("cpu", "cuda", "ipu_sim")  # what backends.BACKENDS dispatches on; ipu_sim: a simulated IPU system
 
 
 class ConfigError(ValueError):
@@ -80,20 +90,6 @@ class OptimConfig:
 
 
 @dataclass
-class PrecisionConfig:
-    name: str = "fp32"  # the policy's name in logs and tables (configs/precision/<name>.yaml)
-    compute: str = "fp32"  # activations and compute copies of the weights: fp32 | bf16 | fp16
-    master: str = "fp32"  # the weights the optimizer updates: fp32, or the compute dtype (16-bit masters)
-    stochastic_rounding: bool = True  # how 16-bit masters are rounded after an update (false: to nearest)
-    loss_scaling: str = "none"  # none | static | dynamic
-    init_scale: float = 32768.0
-    growth_interval: int = 2000  # dynamic: good updates before the scale doubles
-    # 16-bit compute in fp32 arithmetic rounded per layer: auto (fp16 on the CPU, bf16 on a CPU without native
-    # bf16) | always | never
-    emulate: str = "auto"
-
-
-@dataclass
 class DeviceConfig:
     name: str = "cpu"  # cpu | cuda | ipu_sim
     threads: int = 0  # torch intra-op threads; 0 keeps torch's default
@@ -102,7 +98,6 @@ class DeviceConfig:
     # ipu_sim only: how a run is laid out on the system (Graphcore's PopTorch names in ../shared/reference/ipu.md)
     replicas: int = 1  # data-parallel copies of the model, over all ranks (each rank runs its share)
     pipeline_splits: list[str] = field(default_factory=list)  # module names that begin pipeline stages 2, 3, ...
-    micro_batch: int | None = None  # what one replica's BatchNorm sees; None: data.global_batch / (replicas x K)
     device_iterations: int = 1  # weight updates per host round trip
     recompute: str = "none"  # none | auto | module names whose outputs are checkpoints, comma-separated
     optimizer_state: str = "on_chip"  # on_chip | streaming (off-chip DDR)
@@ -117,7 +112,6 @@ SPEED_OPTIONS = ("device.channels_last",)
 @dataclass
 class DistConfig:
     grad_accum: int = 1  # micro-batches per weight update
-    per_rank_batch: int | None = None  # None: data.global_batch / world size; if set, must agree with it
     bn_group_size: int = 1  # consecutive ranks whose BatchNorm statistics are reduced together (the BN span)
     bucket_mb: float | None = None  # gradient all-reduce bucket size in MB; None: one bucket
     overlap: bool = False  # launch each bucket's all-reduce during backward, as soon as it is full
@@ -166,6 +160,43 @@ def register() -> None:
     ConfigStore.instance().store(name="schema", node=Config)
 
 
+def simulated(device: DeviceConfig) -> bool:
+    """Whether the run's steps execute on a simulated IPU system (configs/device/ipu_*.yaml)."""
+    return device.name == "ipu_sim"
+
+
+@dataclass(frozen=True)
+class BatchShape:
+    """How one weight update's `global_batch` images are dealt: over the ranks, to the data-parallel replicas (one
+    per rank natively; a simulated IPU system's replicas, spread over the ranks), each taking `grad_accum`
+    micro-batches; BatchNorm sees the micro-batches of `bn_group` replicas together."""
+
+    global_batch: int
+    ranks: int
+    replicas: int
+    grad_accum: int
+    bn_group: int
+
+    @property
+    def per_rank(self) -> int:
+        return self.global_batch // self.ranks
+
+    @property
+    def micro_batch(self) -> int:
+        return self.global_batch // (self.replicas * self.grad_accum)
+
+    @property
+    def bn_span(self) -> int:
+        """The images one BatchNorm's statistics cover."""
+        return self.micro_batch * self.bn_group
+
+
+def batch_shape(cfg: Config, world_size: int) -> BatchShape:
+    """The run's batch shape on `world_size` ranks."""
+    replicas = cfg.device.replicas if simulated(cfg.device) else world_size
+    return BatchShape(cfg.data.global_batch, world_size, replicas, cfg.dist.grad_accum, cfg.dist.bn_group_size)
+
+
 def _require(ok: bool, key: str, message: str) -> None:
     if not ok:
         raise ConfigError(key, message)
@@ -189,17 +220,18 @@ def _is_power_of_two_times(value: float, unit: float) -> bool:
 def validate(cfg: Config, world_size: int = 1) -> None:
     """Check every value a user can set; raise ConfigError for the first one that is wrong."""
     _validate_model(cfg.model)
-    _validate_data(cfg.data, world_size * cfg.dist.grad_accum, reads_files=cfg.run.mode == "train")
+    shape = batch_shape(cfg, world_size)
+    _validate_data(cfg.data, shape, reads_files=cfg.run.mode == "train")
     _validate_optim(cfg.optim, cfg.run.max_epochs)
     _validate_precision(cfg.precision)
-    _one_of(cfg.device.name, "device.name", ("cpu", "cuda", "ipu_sim"))
-    if cfg.device.name == "ipu_sim":
-        _validate_ipu(cfg, world_size)
+    _one_of(cfg.device.name, "device.name", DEVICES)
+    if simulated(cfg.device):
+        _validate_ipu(cfg.device, cfg.dist, shape)
     _require(cfg.device.threads >= 0, "device.threads", f"must be 0 (default) or more, got {cfg.device.threads}")
-    _validate_dist(cfg.dist, cfg.data.global_batch, world_size, bn_groups_of_ranks=cfg.device.name != "ipu_sim")
+    _validate_dist(cfg.dist, world_size, bn_groups_of_ranks=not simulated(cfg.device))
     _validate_mlperf(cfg.mlperf)
     _require(
-        cfg.mlperf.clock == "wall" or cfg.device.name == "ipu_sim",
+        cfg.mlperf.clock == "wall" or simulated(cfg.device),
         "mlperf.clock",
         "device time is the simulated IPU's: it needs device=ipu_pod16, ipu_pod64, ...",
     )
@@ -207,7 +239,7 @@ def validate(cfg: Config, world_size: int = 1) -> None:
         _validate_closed_division(cfg)
     _validate_run(cfg.run)
     _require(
-        cfg.run.mode != "project" or cfg.device.name == "ipu_sim",
+        cfg.run.mode != "project" or simulated(cfg.device),
         "run.mode",
         "project times a simulated IPU system: add device=ipu_pod16, ipu_pod64, ...",
     )
@@ -219,8 +251,8 @@ def _validate_model(model: ModelConfig) -> None:
     _positive(model.bn_eps, "model.bn_eps")
 
 
-def _validate_data(data: DataConfig, batch_divisor: int, reads_files: bool = True) -> None:
-    _one_of(data.name, "data.name", ("synthetic", "imagenet"))
+def _validate_data(data: DataConfig, shape: BatchShape, reads_files: bool = True) -> None:
+    _one_of(data.name, "data.name", DATASETS)
     if data.name == "imagenet" and reads_files:
         _require(data.root is not None, "data.root", "ImageNet needs data.root=/path/to/imagenet")
         root = Path(str(data.root)).expanduser()
@@ -233,6 +265,7 @@ def _validate_data(data: DataConfig, batch_divisor: int, reads_files: bool = Tru
     )
     _require(0 < data.crop_area_min <= 1, "data.crop_area_min", f"must be in (0, 1], got {data.crop_area_min}")
     _positive(data.global_batch, "data.global_batch")
+    batch_divisor = shape.ranks * shape.grad_accum
     _require(
         data.global_batch % batch_divisor == 0,
         "data.global_batch",
@@ -240,8 +273,8 @@ def _validate_data(data: DataConfig, batch_divisor: int, reads_files: bool = Tru
     )
     _positive(data.eval_batch, "data.eval_batch")
     _require(data.workers >= 0, "data.workers", f"must be 0 or more, got {data.workers}")
-    _one_of(data.format, "data.format", ("files", "shards"))
-    _one_of(data.corrupt, "data.corrupt", ("skip", "fail"))
+    _one_of(data.format, "data.format", FORMATS)
+    _one_of(data.corrupt, "data.corrupt", CORRUPT_POLICIES)
     _positive(data.max_pixels, "data.max_pixels")
     syn = data.synthetic
     _require(
@@ -254,7 +287,7 @@ def _validate_data(data: DataConfig, batch_divisor: int, reads_files: bool = Tru
 
 
 def _validate_optim(optim: OptimConfig, max_epochs: int) -> None:
-    _one_of(optim.name, "optim.name", ("lars", "sgd"))
+    _one_of(optim.name, "optim.name", OPTIMIZERS)
     _positive(optim.base_lr, "optim.base_lr")
     _require(0 <= optim.momentum < 1, "optim.momentum", f"must be in [0, 1), got {optim.momentum}")
     _require(optim.weight_decay >= 0, "optim.weight_decay", f"must be 0 or more, got {optim.weight_decay}")
@@ -275,20 +308,8 @@ def _validate_optim(optim: OptimConfig, max_epochs: int) -> None:
     )
 
 
-def _validate_dist(d: DistConfig, global_batch: int, world_size: int, bn_groups_of_ranks: bool = True) -> None:
-    """The global batch, the per-rank batch and gradient accumulation must agree with the world size."""
+def _validate_dist(d: DistConfig, world_size: int, bn_groups_of_ranks: bool = True) -> None:
     _require(d.grad_accum >= 1, "dist.grad_accum", f"must be 1 or more, got {d.grad_accum}")
-    if d.per_rank_batch is not None:
-        _require(
-            d.per_rank_batch * world_size == global_batch,
-            "dist.per_rank_batch",
-            f"{d.per_rank_batch} x {world_size} ranks is not data.global_batch={global_batch}",
-        )
-        _require(
-            d.per_rank_batch % d.grad_accum == 0,
-            "dist.per_rank_batch",
-            f"{d.per_rank_batch} is not divisible by dist.grad_accum={d.grad_accum}",
-        )
     if bn_groups_of_ranks:
         _require(
             d.bn_group_size >= 1 and world_size % d.bn_group_size == 0,
@@ -300,21 +321,22 @@ def _validate_dist(d: DistConfig, global_batch: int, world_size: int, bn_groups_
     _positive(d.timeout_s, "dist.timeout_s")
 
 
-def _validate_ipu(cfg: Config, world_size: int) -> None:
+def _validate_ipu(device: DeviceConfig, dist: DistConfig, shape: BatchShape) -> None:
     """The simulated IPU run's layout must fit its system and add up to the global batch."""
-    device, accum = cfg.device, cfg.dist.grad_accum
-    _require(device.system is not None, "device", "ipu_sim needs a system: device=ipu_pod16, ipu_pod64, ...")
+    system = device.system
+    if system is None:
+        raise ConfigError("device", "ipu_sim needs a system: device=ipu_pod16, ipu_pod64, ...")
     _require(device.replicas >= 1, "device.replicas", f"must be 1 or more, got {device.replicas}")
     _require(
-        device.replicas % world_size == 0,
+        device.replicas % shape.ranks == 0,
         "device.replicas",
-        f"{device.replicas} replicas do not spread evenly over {world_size} ranks",
+        f"{device.replicas} replicas do not spread evenly over {shape.ranks} ranks",
     )
-    micro = device.micro_batch or cfg.data.global_batch // (device.replicas * accum)
+    micro, accum = shape.micro_batch, shape.grad_accum
     _require(
-        micro >= 1 and micro * accum * device.replicas == cfg.data.global_batch,
+        micro >= 1 and micro * accum * device.replicas == shape.global_batch,
         "data.global_batch",
-        f"{cfg.data.global_batch} is not micro-batch {micro} x dist.grad_accum {accum} x {device.replicas} replicas",
+        f"{shape.global_batch} is not micro-batch {micro} x dist.grad_accum {accum} x {device.replicas} replicas",
     )
     stages = len(device.pipeline_splits) + 1
     _require(
@@ -322,20 +344,19 @@ def _validate_ipu(cfg: Config, world_size: int) -> None:
         "dist.grad_accum",
         f"a pipeline of {stages} stages needs at least {stages} micro-batches per update, got {accum}",
     )
-    ipus = device.system.ipus
     _require(
-        device.replicas * stages <= ipus,
+        device.replicas * stages <= system.ipus,
         "device.replicas",
-        f"{device.replicas} replicas x {stages} IPUs each need more than the {ipus} IPUs of {device.system.name}",
+        f"{device.replicas} replicas x {stages} IPUs each need more than the {system.ipus} IPUs of {system.name}",
     )
-    per_rank = device.replicas // world_size
+    per_rank = device.replicas // shape.ranks
     _require(
-        cfg.dist.bn_group_size >= 1 and per_rank % cfg.dist.bn_group_size == 0,
+        dist.bn_group_size >= 1 and per_rank % dist.bn_group_size == 0,
         "dist.bn_group_size",
-        f"BatchNorm groups of {cfg.dist.bn_group_size} replicas must divide the {per_rank} replicas of a rank",
+        f"BatchNorm groups of {dist.bn_group_size} replicas must divide the {per_rank} replicas of a rank",
     )
     _positive(device.device_iterations, "device.device_iterations")
-    _one_of(device.optimizer_state, "device.optimizer_state", ("on_chip", "streaming"))
+    _one_of(device.optimizer_state, "device.optimizer_state", OPTIMIZER_STATES)
 
 
 def _validate_mlperf(mlperf: MlperfConfig) -> None:
@@ -401,9 +422,9 @@ def _validate_closed_division(cfg: Config) -> None:
 
 
 def _validate_precision(precision: PrecisionConfig) -> None:
-    _one_of(precision.compute, "precision.compute", ("fp32", "bf16", "fp16"))
+    _one_of(precision.compute, "precision.compute", tuple(DTYPES))
     _one_of(precision.master, "precision.master", ("fp32", precision.compute))
-    _one_of(precision.loss_scaling, "precision.loss_scaling", ("none", "static", "dynamic"))
+    _one_of(precision.loss_scaling, "precision.loss_scaling", LOSS_SCALING)
     _positive(precision.init_scale, "precision.init_scale")
     _positive(precision.growth_interval, "precision.growth_interval")
     _one_of(precision.emulate, "precision.emulate", EMULATE)
@@ -420,16 +441,21 @@ def _validate_run(run: RunConfig) -> None:
     _require(run.max_epochs >= 1, "run.max_epochs", f"must be 1 or more, got {run.max_epochs}")
     _require(run.seed >= 0, "run.seed", f"must be 0 or more, got {run.seed}")
     _one_of(run.resume, "run.resume", ("none", "auto"))
-    _one_of(run.progress, "run.progress", ("auto", "bar", "lines", "none"))
+    _one_of(run.progress, "run.progress", PROGRESS_MODES)
 
 
-def training_fingerprint(cfg: Config) -> dict[str, object]:
-    """The settings a checkpoint must share with the run that resumes it, as dotted keys.
+def training_fingerprint(cfg: Config, world_size: int) -> dict[str, object]:
+    """The settings a checkpoint must share with the run that resumes it, as dotted keys, and the world size.
 
     Everything that changes the arithmetic of training is in; where it runs and how fast (device, loader
     workers, evaluation batch, progress display, data path) is out.
     """
-    sections = {"model": cfg.model, "optim": cfg.optim, "precision": cfg.precision, "dist": cfg.dist}
+    sections: dict[str, DataclassInstance] = {
+        "model": cfg.model,
+        "optim": cfg.optim,
+        "precision": cfg.precision,
+        "dist": cfg.dist,
+    }
     flat: dict[str, object] = {
         f"{name}.{key}": value for name, section in sections.items() for key, value in asdict(section).items()
     }
@@ -445,4 +471,4 @@ def training_fingerprint(cfg: Config) -> dict[str, object]:
     }
     if data.name == "synthetic":
         flat |= {f"data.synthetic.{k}": v for k, v in asdict(data.synthetic).items()}
-    return flat
+    return flat | {"world_size": world_size}

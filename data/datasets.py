@@ -14,6 +14,8 @@ from data.split import DatasetError, Split
 from data.synthetic import SyntheticSpec, default_root, ensure_dataset
 
 IMAGENET_TRAIN_IMAGES, IMAGENET_EVAL_IMAGES = 1_281_167, 50_000
+DATASETS = ("synthetic", "imagenet")
+FORMATS = ("files", "shards")  # a folder tree in any known layout, or indexed tar shards
 
 
 def open_dataset(name: str, root: str | None, synthetic: SyntheticSpec, form: str = "files") -> tuple[Split, Split]:

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import torch
 import torch.distributed as dist
@@ -26,7 +26,6 @@ import torch.distributed as dist
 from distributed.topology import Topology
 
 T = TypeVar("T")
-BACKENDS = {"cpu": "gloo", "ipu_sim": "gloo", "cuda": "nccl"}  # the simulated IPU runs on the host
 BEAT_S = 0.5
 
 
@@ -79,11 +78,14 @@ class _Heartbeat:
         for r in others:
             if exits[r] is not None:
                 return f"rank {r} exited ({exits[r]})"
+        steps: dict[int, int] = {}
         for r in others:
-            if after[r] is None or after[r] == before[r]:
-                step = "" if after[r] is None else f"; last seen at step {after[r].split()[0]}"
+            beat = after[r]
+            if beat is None or beat == before[r]:
+                step = "" if beat is None else f"; last seen at step {beat.split()[0]}"
                 return f"rank {r} stopped responding (no heartbeat for {4 * BEAT_S:.0f} s{step})"
-        steps = {r: int(after[r].split()[0]) for r in others} | {self.rank: self.step}
+            steps[r] = int(beat.split()[0])
+        steps[self.rank] = self.step
         behind, ahead = min(steps, key=steps.__getitem__), max(steps, key=steps.__getitem__)
         if steps[behind] < steps[ahead]:
             return f"rank {behind} is stuck at step {steps[behind]} (rank {ahead} reached step {steps[ahead]})"
@@ -116,14 +118,17 @@ def process_group(topology: Topology, device_type: str, timeout_s: float) -> Ite
         timeout=timedelta(seconds=timeout_s),
     )
     dist.init_process_group(
-        BACKENDS[device_type],
+        "nccl" if device_type == "cuda" else "gloo",  # the CPU's, and the host's that simulated IPUs run on
         store=store,
         rank=topology.rank,
         world_size=topology.world_size,
         timeout=timedelta(seconds=timeout_s),
     )
     _heartbeat = _Heartbeat(store, topology)
-    _control = dist.new_group(backend="gloo") if device_type == "cuda" else None
+    if device_type == "cuda":
+        control = dist.new_group(backend="gloo")
+        assert isinstance(control, dist.ProcessGroup)  # every rank is in it (never NON_GROUP_MEMBER)
+        _control = control
     reason = "finished"
     try:
         yield
@@ -168,7 +173,7 @@ def from_main(fn: Callable[[], T]) -> T:
     ok, value = _unpack(payload[0])
     if not ok:
         raise value
-    return value
+    return cast(T, value)  # fn()'s result on rank 0
 
 
 def agree_on_output_dir(own: Path) -> Path:

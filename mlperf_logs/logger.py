@@ -33,17 +33,25 @@ class MLPerfLogger:
         if path is not None:
             self._mllogger = mllog.MLLogger(logger=_file_logger(path), root_dir=str(REPO_ROOT))
 
-    def event(self, key: str, value: Any = None, metadata: dict | None = None) -> None:
+    def event(self, key: str, value: Any = None, metadata: dict[str, Any] | None = None) -> None:
         if self._mllogger is not None:
             self._mllogger.event(key, value, metadata=metadata, time_ms=self._now_ms(), stack_offset=2)
 
-    def start(self, key: str, value: Any = None, metadata: dict | None = None) -> None:
+    def start(self, key: str, value: Any = None, metadata: dict[str, Any] | None = None) -> None:
         if self._mllogger is not None:
             self._mllogger.start(key, value, metadata=metadata, time_ms=self._now_ms(), stack_offset=2)
 
-    def end(self, key: str, value: Any = None, metadata: dict | None = None) -> None:
+    def end(self, key: str, value: Any = None, metadata: dict[str, Any] | None = None) -> None:
         if self._mllogger is not None:
             self._mllogger.end(key, value, metadata=metadata, time_ms=self._now_ms(), stack_offset=2)
+
+    def resume(self, size: int, step: int, epoch: int) -> None:
+        """Continue a stopped run's log: the attempt's whole log kept beside it, this one cut back to `size` bytes
+        (its size at the checkpoint), then a line that says where the run resumed and names the attempt's log."""
+        if self.path is not None:
+            attempt = keep_attempt(self.path)
+            truncate_to(self.path, size)
+            self.event(RESUMED, {"step": step, "epoch": epoch, "stopped_attempt_log": attempt.name})
 
     def _now_ms(self) -> int:
         return round(self.clock() * 1000)

@@ -22,7 +22,7 @@ from mlperf_logs.logger import truncate_to
 TENSORBOARD = "tensorboard"  # the event files' folder in the run directory
 
 
-@dataclass
+@dataclass(kw_only=True)  # by keyword: two floats side by side (lr, loss) are easy to swap
 class EpochMetrics:
     epoch: int
     step: int
@@ -125,6 +125,8 @@ class MetricsCSV:
         self._writer.flush()
 
     def read(self) -> list[dict[str, str]]:
+        if self.path is None:
+            return []
         with self.path.open(newline="") as f:
             return list(csv.DictReader(f))
 

@@ -28,6 +28,7 @@ import tempfile
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
+from typing import Any, cast
 
 import yaml
 from mlperf_logging.benchmark_meta import get_result_file_counts
@@ -65,7 +66,7 @@ class Run:
     global_batch: int
     division: str
     status: str
-    config: dict
+    config: dict[str, Any]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -167,7 +168,7 @@ def read_run(directory: Path) -> Run:
     )
 
 
-def read_config(directory: Path) -> dict:
+def read_config(directory: Path) -> dict[str, Any]:
     """The run's resolved config.yaml; empty when the directory has none."""
     path = directory / "config.yaml"
     try:
@@ -205,8 +206,10 @@ def required_system_fields() -> tuple[str, ...]:
 
     class Collect(logging.Handler):
         def emit(self, record: logging.LogRecord) -> None:
-            if record.levelno >= logging.ERROR and isinstance(record.args, tuple) and len(record.args) == 2:
-                reasons.extend(record.args[1])
+            # The checker's logging.error('... %s : %s', system_name, invalid_reasons), a list of strings
+            args = record.args
+            if record.levelno >= logging.ERROR and isinstance(args, tuple) and len(args) == 2:
+                reasons.extend(cast(list[str], args[1]))
 
     with tempfile.TemporaryDirectory() as tmp, root_handlers(Collect()):
         empty = Path(tmp) / "empty.json"
@@ -273,9 +276,9 @@ def _fields(lines: list[str]) -> dict[str, str]:
     return {key.strip(): value.strip() for key, value in pairs}
 
 
-def accelerator_fields(device: dict) -> dict[str, str]:
+def accelerator_fields(device: dict[str, Any]) -> dict[str, str]:
     """No accelerator on the CPU; the CUDA devices of this machine; the simulated IPUs of an ipu_sim system."""
-    if device.get("name") == "ipu_sim":
+    if device.get("system"):  # a simulated IPU system's
         return simulated_ipu_fields(device["system"])
     if device.get("name") == "cuda":
         return cuda_fields()
@@ -299,7 +302,7 @@ def cuda_fields() -> dict[str, str]:
     }
 
 
-def simulated_ipu_fields(system: dict) -> dict[str, str]:
+def simulated_ipu_fields(system: dict[str, Any]) -> dict[str, str]:
     chip = system["chip"]
     return {
         "number_of_nodes": str(system["hosts"]),
@@ -313,7 +316,7 @@ def simulated_ipu_fields(system: dict) -> dict[str, str]:
     }
 
 
-def software_fields(config: dict) -> dict[str, str]:
+def software_fields(config: dict[str, Any]) -> dict[str, str]:
     stack = f"Python {platform.python_version()}, mlperf-logging {metadata.version('mlperf-logging')}"
     notes = [f"precision {config['precision']['name']}"] if "precision" in config else []
     if config.get("mlperf", {}).get("clock") == "device":
@@ -472,7 +475,7 @@ def run_result_summarizer(package: Path, system: str, checks: Path) -> None:
     )
 
 
-def summary_row(path: Path, system: str) -> dict:
+def summary_row(path: Path, system: str) -> dict[str, Any]:
     """The summarizer's row for `system` in the JSON it writes next to its CSV; empty when there is none."""
     rows = json.loads(path.read_text()) if path.is_file() else []
     return next((row for row in rows if row.get("system") == system), {})

@@ -8,6 +8,7 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import NoReturn
 
 import torch
 from tqdm import tqdm
@@ -15,6 +16,7 @@ from tqdm import tqdm
 from mlperf_logs.metrics import EpochMetrics
 
 REFRESH_STEPS = 5  # reading the loss is a host sync, so the display refreshes every few steps
+PROGRESS_MODES = ("auto", "bar", "lines", "none")  # auto: a bar on a terminal, lines otherwise
 JOB_LOG = logging.getLogger("rn50perf.run")  # what `say` shows, kept in Hydra's job log file (train.log)
 JOB_LOG.propagate = False  # the terminal gets the line from print, bare
 JOB_LOG.setLevel(logging.INFO)
@@ -48,7 +50,7 @@ class Progress:
         self.mode = ("bar" if sys.stderr.isatty() else "lines") if mode == "auto" else mode
         self.max_epochs = max_epochs
         self.images_per_step = images_per_step
-        self._bar: tqdm | None = None
+        self._bar: tqdm[NoReturn] | None = None
 
     def start_epoch(self, epoch: int, steps: int, done: int = 0) -> None:
         """An epoch of `steps` steps, `done` of them already taken (a run resumed in its middle)."""

@@ -8,7 +8,8 @@ import torch
 
 def _norm(x: torch.Tensor) -> torch.Tensor:
     """L2 norm accumulated in at least fp32, so fp16/bf16 tensors do not overflow."""
-    return torch.linalg.vector_norm(x, dtype=torch.promote_types(x.dtype, torch.float32))
+    norm: torch.Tensor = torch.linalg.vector_norm(x, dtype=torch.promote_types(x.dtype, torch.float32))
+    return norm
 
 
 class LARS(torch.optim.Optimizer):
@@ -42,7 +43,8 @@ class LARS(torch.optim.Optimizer):
         super().__init__(params, defaults)
 
     @torch.no_grad()
-    def step(self, closure: Callable[[], float] | None = None) -> float | None:
+    def step(self, closure: Callable[[], float] | None = None) -> float | None:  # type: ignore[override]
+        # one implementation of both of torch's overloads (no closure: None; a closure: its loss), as torch's own
         loss = None
         if closure is not None:
             with torch.enable_grad():

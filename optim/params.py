@@ -1,5 +1,7 @@
 """MLPerf parameter groups: BN gamma/beta and biases get no weight decay and no LARS trust ratio."""
 
+from typing import Any
+
 import torch
 
 
@@ -12,9 +14,10 @@ def is_skipped(name: str, param: torch.Tensor) -> bool:
     return param.ndim <= 1 or name.endswith("bias")
 
 
-def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
+def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str, Any]]:
     """Two optimizer groups over the trainable parameters: "weights" and "bn_bias"."""
-    weights, skipped = [], []
+    weights: list[torch.nn.Parameter] = []
+    skipped: list[torch.nn.Parameter] = []
     for name, param in model.named_parameters():
         if param.requires_grad:
             (skipped if is_skipped(name, param) else weights).append(param)

@@ -26,7 +26,7 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 import torch
@@ -46,22 +46,37 @@ class NonFiniteLoss(RuntimeError):
     """The loss or its gradients stayed non-finite: loss scaling skipped too many updates in a row."""
 
 
-@dataclass(frozen=True)
-class Policy:
-    """What a precision configuration means; `compute` and `master` are names in DTYPES."""
+@dataclass
+class PrecisionConfig:
+    """The precision config group (configs/precision/<name>.yaml), as the schema composes it."""
 
-    name: str = "fp32"
-    compute: str = "fp32"
-    master: str = "fp32"
-    stochastic_rounding: bool = False
-    loss_scaling: str = "none"
+    name: str = "fp32"  # the policy's name in logs and tables
+    compute: str = "fp32"  # activations and compute copies of the weights: a name in DTYPES
+    master: str = "fp32"  # the weights the optimizer updates: fp32, or the compute dtype (16-bit masters)
+    stochastic_rounding: bool = True  # how 16-bit masters are rounded after an update (false: to nearest)
+    loss_scaling: str = "none"  # one of LOSS_SCALING
     init_scale: float = 2.0**15
-    growth_interval: int = 2000
+    growth_interval: int = 2000  # dynamic: good updates before the scale doubles
+    # 16-bit compute in fp32 arithmetic rounded per layer: auto (fp16 on the CPU, bf16 on a CPU without native
+    # bf16) | always | never
+    emulate: str = "auto"
+
+
+@dataclass
+class Policy(PrecisionConfig):
+    """A precision configuration as one device runs it: its emulation choice resolved for that device."""
+
+    emulated: bool = False  # 16-bit compute done in fp32, rounded per layer (the CPU path)
     max_skipped: int = 32  # updates skipped in a row before the run is stopped
-    emulate: bool = False  # 16-bit compute done in fp32, rounded per layer (the CPU path)
+
+    @classmethod
+    def for_device(cls, config: PrecisionConfig, device_type: str) -> Policy:
+        """The policy `config` names, on a device of `device_type` ("cpu", "cuda")."""
+        emulated = emulates(config.compute, config.emulate, device_type)
+        return cls(**{f.name: getattr(config, f.name) for f in fields(PrecisionConfig)}, emulated=emulated)
 
     def describe(self) -> str:
-        how = f"emulated: fp32 arithmetic rounded to {self.compute} per layer" if self.emulate else "native"
+        how = f"emulated: fp32 arithmetic rounded to {self.compute} per layer" if self.emulated else "native"
         rounding = "stochastic" if self.stochastic_rounding else "to nearest"
         master = self.master if self.master == "fp32" else f"{self.master}, rounded {rounding}"
         return f"{self.name}: compute {self.compute} ({how}), master weights {master}, loss scaling {self.loss_scaling}"
@@ -130,9 +145,9 @@ class MixedPrecision:
         for module in model.modules():
             if isinstance(module, nn.modules.batchnorm._BatchNorm):
                 module.register_forward_pre_hook(_inputs_in_fp32)
-            if policy.emulate and isinstance(module, ROUNDED_LAYERS):
+            if policy.emulated and isinstance(module, ROUNDED_LAYERS):
                 module.register_forward_hook(self._output_rounded)
-        if policy.emulate:
+        if policy.emulated:
             first = next(m for m in model.modules() if isinstance(m, LOW_PRECISION_LAYERS))
             first.register_forward_pre_hook(self._input_rounded)  # the image, as the device stores it
         if self.master != torch.float32:
@@ -140,11 +155,13 @@ class MixedPrecision:
 
     def forward(self, model: nn.Module, images: torch.Tensor) -> torch.Tensor:
         """The logits, under the policy's compute dtype."""
-        if self.policy.emulate:
+        if self.policy.emulated:
             rounded = {name: p.to(self.compute).to(torch.float32) for name, p in self.low_precision.items()}
-            return functional_call(model, rounded, (images,), strict=False)
+            logits: torch.Tensor = functional_call(model, rounded, (images,), strict=False)
+            return logits
         with self.autocast():
-            return model(images)
+            logits = model(images)
+            return logits
 
     def stochastic_streams(self, generators: Sequence[torch.Generator]) -> StochasticStreams:
         """While entered, emulated 16-bit layer outputs are rounded stochastically, the batch cut into
@@ -156,15 +173,16 @@ class MixedPrecision:
         `stochastic_streams`; either way its gradient is rounded on the way back, as the cast rounds it."""
         if not self.streams:
             return output.to(self.compute).to(torch.float32)
-        return _RoundedStochastically.apply(output, self.compute, self.streams)
+        rounded: torch.Tensor = _RoundedStochastically.apply(output, self.compute, self.streams)
+        return rounded
 
     def _input_rounded(self, module: nn.Module, inputs: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
         """The first layer's input (the normalised image, which no rounded layer has output) in the 16-bit type,
         as autocast casts it; every later layer's input is already some layer's rounded output."""
         return (inputs[0].to(self.compute).to(torch.float32), *inputs[1:])
 
-    def autocast(self) -> contextlib.AbstractContextManager:
-        if self.compute == torch.float32 or self.policy.emulate:
+    def autocast(self) -> contextlib.AbstractContextManager[object]:
+        if self.compute == torch.float32 or self.policy.emulated:
             return contextlib.nullcontext()
         return torch.autocast(self.device.type, dtype=self.compute)
 
@@ -257,9 +275,7 @@ BF16_ISAS = {
 def cpu_has_native_bf16() -> bool:
     """Whether this CPU computes bf16 natively, as torch reports it: cpuinfo finds AVX512_BF16 or AMX, and oneDNN
     may use them (ONEDNN_MAX_CPU_ISA, set to reproduce another host, does not cap it below them). Without them
-    oneDNN's bf16 convolutions are slower than fp32: emulated instructions with AVX-512 alone (0.35x fp32 and
-    0.48x rn50perf's emulation, from `ONEDNN_MAX_CPU_ISA=AVX512_CORE python -m bench.step --policies fp32,bf16`),
-    reference code with AVX2 alone (14x to 17x slower, as issue 16 reported it from a Zen 3 EPYC)."""
+    oneDNN's bf16 convolutions are slower than fp32 emulation (docs/precision.md has the figures)."""
     hardware = torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
     cap = os.environ.get("ONEDNN_MAX_CPU_ISA", "ALL").upper()
     return hardware and cap in BF16_ISAS and torch.ops.mkldnn._is_mkldnn_bf16_supported()

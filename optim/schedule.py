@@ -22,7 +22,7 @@ def learning_rate(
     if step < warmup_steps:
         return base_lr * (step + 1) / warmup_steps
     progress = min((step - warmup_steps) / decay_steps, 1.0)
-    return (base_lr - end_lr) * (1.0 - progress) ** power + end_lr
+    return float((base_lr - end_lr) * (1.0 - progress) ** power + end_lr)
 
 
 @dataclass(frozen=True)

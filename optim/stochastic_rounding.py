@@ -69,7 +69,8 @@ def round_stochastic(x: torch.Tensor, dtype: torch.dtype, generator: torch.Gener
         ones = torch.full((), -(1 << _TINY_BITS), dtype=torch.int32, device=x.device)  # ones from bit 30 up
         for start in range(0, flat_x.numel(), chunk):
             xs = flat_x[start : start + chunk]
-            _round_chunk(xs, flat_out[start : start + chunk], *scratch[:, : xs.numel()], ones, generator)
+            r, a, t, work = scratch[:, : xs.numel()]
+            _round_chunk(xs, flat_out[start : start + chunk], r, a, t, work, ones, generator)
         return out
 
 

@@ -66,7 +66,7 @@ def composition_error(*overrides: str) -> Exception:
         ),
         (["run.checkpoint=maybe"], "run.checkpoint: expects true or false, got 'maybe'"),
         (["optim.base_lr=abc"], "optim.base_lr: expects a number, got 'abc'"),
-        (["device.micro_batch=x"], "device.micro_batch: expects an integer or null, got 'x'"),
+        (["optim.decay_epochs=x"], "optim.decay_epochs: expects a number or null, got 'x'"),
         (["device.pipeline_splits=3"], "device.pipeline_splits: expects a list such as [a,b], got 3"),
         (["device=ipu_pod16", "device.system.ipus=x"], "device.system.ipus: expects an integer, got 'x'"),
         (["experiment=smok"], "experiment=smok: no such option; did you mean experiment=smoke?"),

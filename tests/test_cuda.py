@@ -17,10 +17,10 @@ import torch
 import torch.distributed as dist
 
 import distributed
-from assemble import make_loader, precision_policy, select_device
-from backends import checkpoint
+from assemble import make_loader
+from backends import checkpoint, select_device
 from backends.native import NativeBackend
-from configs.schema import Config, ConfigError
+from configs.schema import Config, ConfigError, DeviceConfig
 from data.folder import find_classes, open_split
 from data.split import Split
 from distributed import group
@@ -60,12 +60,12 @@ def train_split(root: Path) -> Split:
     return open_split(root / "train", find_classes(root / "train"))
 
 
-# select_device (assemble.py) and precision_policy's emulation choice (optim/precision.py emulates)
+# select_device (backends/native.py) and the policy's emulation choice (optim/precision.py emulates)
 
 
 def test_cuda_without_a_gpu_is_a_config_error_that_says_what_to_use(no_gpu: None) -> None:
     with pytest.raises(ConfigError) as refused:
-        select_device("cuda", threads=0)
+        select_device(DeviceConfig(name="cuda"), local_rank=0)
     assert refused.value.key == "device.name"
     assert "no CUDA device is available" in refused.value.message and "device=cpu" in refused.value.message
 
@@ -73,9 +73,9 @@ def test_cuda_without_a_gpu_is_a_config_error_that_says_what_to_use(no_gpu: None
 def test_each_local_rank_gets_its_own_gpu_and_a_rank_without_one_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
-    assert select_device("cuda", threads=0, local_rank=1) == torch.device("cuda", 1)
+    assert select_device(DeviceConfig(name="cuda"), local_rank=1) == torch.device("cuda", 1)
     with pytest.raises(ConfigError, match=re.escape("local rank 2 has no GPU (2 here)")):
-        select_device("cuda", threads=0, local_rank=2)
+        select_device(DeviceConfig(name="cuda"), local_rank=2)
 
 
 @pytest.mark.parametrize("compute", ["fp32", "bf16", "fp16"])
@@ -87,8 +87,8 @@ def test_16_bit_compute_on_cuda_is_native_unless_emulation_is_forced(
     assert emulates(compute, "always", "cuda") == (compute != "fp32")
     cfg = config()
     cfg.precision.compute = compute
-    assert not precision_policy(cfg, CUDA).emulate
-    assert precision_policy(cfg, torch.device("cpu")).emulate == (compute != "fp32")
+    assert not Policy.for_device(cfg.precision, "cuda").emulated
+    assert Policy.for_device(cfg.precision, "cpu").emulated == (compute != "fp32")
 
 
 # the loader's pinned memory (assemble.make_loader, data/loader.py)
@@ -97,7 +97,7 @@ def test_16_bit_compute_on_cuda_is_native_unless_emulation_is_forced(
 def test_batches_are_pinned_for_a_cuda_device_only(tiny_tree: Path) -> None:
     split = train_split(tiny_tree)
     for device, pinned in ((torch.device("cpu"), False), (CUDA, True)):
-        loader = make_loader(config(), split, Topology(), train=True, batch=4, device=device)
+        loader = make_loader(config(), split, Topology(), train=True, device=device)
         assert loader._loader.pin_memory is pinned, device
 
 
@@ -115,7 +115,7 @@ def test_a_loader_asked_to_pin_gives_the_same_batches_with_or_without_a_gpu(tiny
 @needs_gpu
 @pytest.mark.parametrize("workers", [0, 1])
 def test_batches_for_a_gpu_arrive_pinned_and_copy_to_it_asynchronously(tiny_tree: Path, workers: int) -> None:
-    loader = make_loader(config(workers), train_split(tiny_tree), Topology(), train=True, batch=4, device=CUDA)
+    loader = make_loader(config(workers), train_split(tiny_tree), Topology(), train=True, device=CUDA)
     images, labels = next(iter(loader))
     assert images.is_pinned() and labels.is_pinned()
     on_gpu = images.to(CUDA, non_blocking=True), labels.to(CUDA, non_blocking=True)
@@ -217,7 +217,7 @@ def test_stochastic_rounding_on_cuda_is_unbiased_and_seeded(dtype: torch.dtype, 
 
 # NativeBackend and MixedPrecision (backends/native.py, optim/precision.py) on a GPU
 
-CUDA_POLICIES = {name: replace(p, emulate=name.endswith("emulated")) for name, p in POLICIES.items()}
+CUDA_POLICIES = {name: replace(p, emulated=name.endswith("emulated")) for name, p in POLICIES.items()}
 
 
 def resnet_on_cuda(policy: Policy, seed: int = 0) -> NativeBackend:

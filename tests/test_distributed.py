@@ -72,9 +72,8 @@ def test_a_broken_launcher_environment_is_refused(env, message):
 @pytest.mark.parametrize(
     ("overrides", "world_size", "key"),
     [
-        ({"global_batch": 64, "per_rank_batch": 16}, 2, "dist.per_rank_batch"),
-        ({"global_batch": 64, "per_rank_batch": 32, "grad_accum": 3}, 2, "data.global_batch"),
-        ({"global_batch": 60, "per_rank_batch": 30, "grad_accum": 4}, 2, "data.global_batch"),
+        ({"global_batch": 64, "grad_accum": 3}, 2, "data.global_batch"),
+        ({"global_batch": 60, "grad_accum": 4}, 2, "data.global_batch"),
         ({"global_batch": 64, "bn_group_size": 3}, 4, "dist.bn_group_size"),
         ({"global_batch": 64, "bn_group_size": 2}, 1, "dist.bn_group_size"),
         ({"global_batch": 66}, 4, "data.global_batch"),

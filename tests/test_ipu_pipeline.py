@@ -157,7 +157,7 @@ def test_a_pipelined_step_under_emulated_fp16_with_16_bit_masters_computes_the_u
         stochastic_rounding=True,
         loss_scaling="static",
         init_scale=128,
-        emulate=True,
+        emulated=True,
     )
     shape = (REPLICAS * MICRO * 2, 3, 6, 6)
     expected = train(ipu_sim(net(torch.float32), 2, (), policy=policy), shape)

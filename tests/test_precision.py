@@ -19,11 +19,11 @@ from tests.conftest import REPO
 POLICIES = {
     "fp32": Policy("fp32"),
     "bf16": Policy("bf16", compute="bf16"),
-    "bf16 emulated": Policy("bf16", compute="bf16", emulate=True),
+    "bf16 emulated": Policy("bf16", compute="bf16", emulated=True),
     "bf16.16": Policy("bf16.16", compute="bf16", master="bf16", stochastic_rounding=True),
-    "fp16.32": Policy("fp16.32", compute="fp16", loss_scaling="dynamic", emulate=True),
+    "fp16.32": Policy("fp16.32", compute="fp16", loss_scaling="dynamic", emulated=True),
     "fp16.16": Policy(
-        "fp16.16", compute="fp16", master="fp16", stochastic_rounding=True, loss_scaling="dynamic", emulate=True
+        "fp16.16", compute="fp16", master="fp16", stochastic_rounding=True, loss_scaling="dynamic", emulated=True
     ),
 }
 
@@ -134,7 +134,7 @@ def test_emulated_bf16_stores_what_native_bf16_stores_layer_by_layer():
 
 
 def test_emulated_bf16_rounds_stochastically_inside_streams_and_to_nearest_outside():
-    backend = backend_for(Policy("bf16.16", compute="bf16", master="bf16", stochastic_rounding=True, emulate=True))
+    backend = backend_for(Policy("bf16.16", compute="bf16", master="bf16", stochastic_rounding=True, emulated=True))
     images, _ = batch()
     model = backend.model.eval()
     nearest = backend.precision.forward(model, images)
@@ -205,7 +205,7 @@ def poison_next_gradient(param: nn.Parameter) -> None:
 
 def test_dynamic_loss_scaling_skips_a_non_finite_update_halves_and_regrows_the_scale():
     policy = Policy(
-        "fp16.32", compute="fp16", loss_scaling="dynamic", emulate=True, init_scale=1024.0, growth_interval=2
+        "fp16.32", compute="fp16", loss_scaling="dynamic", emulated=True, init_scale=1024.0, growth_interval=2
     )
     backend = backend_for(policy)
     before = [p.detach().clone() for p in backend.model.parameters()]
@@ -220,7 +220,7 @@ def test_dynamic_loss_scaling_skips_a_non_finite_update_halves_and_regrows_the_s
 
 
 def test_a_gradient_that_stays_non_finite_stops_the_run():
-    policy = Policy("fp16.32", compute="fp16", loss_scaling="dynamic", emulate=True, max_skipped=3)
+    policy = Policy("fp16.32", compute="fp16", loss_scaling="dynamic", emulated=True, max_skipped=3)
     backend = backend_for(policy)
     with pytest.raises(NonFiniteLoss, match="3 updates in a row"):
         for step in range(3):

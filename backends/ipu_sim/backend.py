@@ -14,15 +14,18 @@ import hashlib
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from functools import partial
-from typing import Any
+from typing import Any, Self
 
 import torch
 import torch.distributed as dist
 from torch.nn.modules.batchnorm import _BatchNorm
 
+from backends.ipu_sim import simulator
 from backends.ipu_sim.clock import DeviceClock
 from backends.ipu_sim.pipeline import Pipeline
-from backends.native import NativeBackend, Pass
+from backends.native import NativeBackend, Pass, optimizer_for, settings, use_threads
+from configs.schema import Config, DeviceConfig
+from distributed import Topology
 
 
 class IpuSimBackend(NativeBackend):
@@ -54,7 +57,7 @@ class IpuSimBackend(NativeBackend):
         # the global replica of each local one: rank k's replica j takes the samples virtual replica k + W j takes
         self.global_replicas = [rank + ranks * j for j in range(replicas)]
         policy = self.precision.policy
-        self.stochastic_activations = policy.emulate and policy.stochastic_rounding
+        self.stochastic_activations = policy.emulated and policy.stochastic_rounding
         self.steps = 0
         if replicas % bn_group:
             raise ValueError(f"a BatchNorm group of {bn_group} replicas does not divide {replicas} replicas")
@@ -68,6 +71,30 @@ class IpuSimBackend(NativeBackend):
         groups = replicas // bn_group  # one group (or no BatchNorm) keeps the model's own statistics: no swaps
         swapped = groups > 1 and self.running_stats
         self.group_stats = [[s.clone() for s in self.running_stats] for _ in range(groups)] if swapped else []
+
+    @classmethod
+    def from_config(cls, cfg: Config, classes: int, topology: Topology) -> Self:
+        """The native backend's parts on the host, with plain BatchNorm and this rank's share of the replicas, once
+        the system's memory plan fits; the system's clock times the steps."""
+        device = cls.select_device(cfg.device, topology.local_rank)
+        model = simulator.build_model(cfg, classes)
+        clock = simulator.clock(cfg, model, announce=topology.is_main)
+        return cls(
+            model,
+            optimizer_for(cfg, model),
+            device,
+            replicas=cfg.device.replicas // topology.world_size,
+            bn_group=cfg.dist.bn_group_size,
+            clock=clock,
+            pipeline_splits=cfg.device.pipeline_splits,
+            **settings(cfg, device),
+        )
+
+    @staticmethod
+    def select_device(cfg: DeviceConfig, local_rank: int) -> torch.device:
+        """The host: the simulated IPUs run there."""
+        use_threads(cfg.threads)
+        return torch.device("cpu")
 
     def train_step(self, images: torch.Tensor, labels: torch.Tensor, lr: float) -> torch.Tensor:
         self.clock.step()
@@ -90,7 +117,7 @@ class IpuSimBackend(NativeBackend):
             (images[r :: self.replicas].chunk(self.grad_accum), labels[r :: self.replicas].chunk(self.grad_accum))
             for r in range(self.replicas)
         ]
-        passes = []
+        passes: list[Pass] = []
         for g, first in enumerate(range(0, self.replicas, self.bn_group)):
             group = per_replica[first : first + self.bn_group]
             for k in range(self.grad_accum):
@@ -99,7 +126,7 @@ class IpuSimBackend(NativeBackend):
                 passes.append((images_k, labels_k, _Scopes(scopes)))
         return passes
 
-    def _rounding_of(self, replicas: range, k: int) -> AbstractContextManager:
+    def _rounding_of(self, replicas: range, k: int) -> AbstractContextManager[object]:
         """The stochastic-rounding streams of these replicas' k-th micro-batches (their activations' roundings),
         each seeded by the global replica, the step and k alone: the same whether replicas are virtual or ranks,
         pipelined or not, and after a resume."""
@@ -108,7 +135,7 @@ class IpuSimBackend(NativeBackend):
         seeds = [_seed_of(self.seed, self.global_replicas[r], self.steps, k) for r in replicas]
         return self.precision.stochastic_streams([torch.Generator().manual_seed(seed) for seed in seeds])
 
-    def _statistics_of_group(self, g: int) -> AbstractContextManager:
+    def _statistics_of_group(self, g: int) -> AbstractContextManager[object]:
         """The forward pass updates group g's running statistics (one group: the model's own, as they are)."""
         return _Swapped(self.running_stats, self.group_stats[g]) if self.group_stats else contextlib.nullcontext()
 
@@ -176,14 +203,14 @@ class _Swapped:
 class _Scopes:
     """Several reusable scopes entered as one, in order, and left in reverse."""
 
-    def __init__(self, scopes: list[AbstractContextManager]) -> None:
+    def __init__(self, scopes: list[AbstractContextManager[object]]) -> None:
         self.scopes = scopes
 
     def __enter__(self) -> None:
         for scope in self.scopes:
             scope.__enter__()
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, *exc: Any) -> None:
         for scope in reversed(self.scopes):
             scope.__exit__(*exc)
 

@@ -47,9 +47,7 @@ class Constants:
     sync_s: float = 1e-6  # one sync of every IPU in the IPU-Link domain (one POD64 or less)
     gateway_sync_s: float = 12e-6  # one sync that spans POD64s, relayed by the gateways
     update_overhead_s: float = 1.5e-3  # the weight update program's fixed cost beyond its memory traffic
-    # bench.loader measured 1298 img/s with 2 workers, 649 per worker (fused decoder, 224 px, 500x375 q90 JPEGs,
-    # one 2.1 GHz Xeon core each, 2026-11-22; docs/data.md has the latest run)
-    loader_img_s_per_core: float = 649.0
+    loader_img_s_per_core: float = 649.0  # bench.loader's rate per worker core (docs/ipu_sim.md says where from)
     host_sync_s: float = 1e-3  # one host round trip (stream callbacks, engine run) per device_iterations
     eval_overhead_s: float = 1.898  # per evaluation beyond its forward passes; fitted to POD16's 25 s of evaluation
     run_overhead_s: float = 27.07  # per run, inside the timed region; fitted to POD16 time-to-train

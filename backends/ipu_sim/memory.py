@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from backends.ipu_sim.profile import ModelProfile
-from configs.hardware import Chip
+from configs.hardware import OPTIMIZER_STATES, Chip
 
 # Code, vertex state, exchange buffers and control programs are invisible from PyTorch: an assumed constant, not a
 # measurement. 180 MB (20 % of the 900 MB) is in the 150-200 MB range usually quoted for a ResNet-50 graph, and
@@ -47,7 +47,7 @@ class IpuMemory:
     limit_mb: float
 
     def mb(self, category: str) -> float:
-        return getattr(self, f"{category}_mb")
+        return float(getattr(self, f"{category}_mb"))
 
     @property
     def total_mb(self) -> float:
@@ -136,8 +136,8 @@ def plan_memory(
     """The memory of each IPU of one replica (one IPU per stage of `profile`). `master_bytes` is the master
     weights' width (4 for fp32, 2 for 16-bit), `optimizer_slots` the state tensors per weight at that width
     (1 for SGD or LARS momentum), kept "on_chip" or in "streaming" memory (off chip: none of the 900 MB)."""
-    if optimizer_state not in ("on_chip", "streaming"):
-        raise ValueError(f"optimizer_state must be 'on_chip' or 'streaming', not {optimizer_state!r}")
+    if optimizer_state not in OPTIMIZER_STATES:
+        raise ValueError(f"optimizer_state must be one of {', '.join(OPTIMIZER_STATES)}, not {optimizer_state!r}")
     slot_bytes = optimizer_slots * master_bytes if optimizer_state == "on_chip" else 0
     rows = tuple(
         _row(profile, index, chip, master_bytes, slot_bytes, grad_accum, code_bytes)

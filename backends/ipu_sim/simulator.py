@@ -1,10 +1,10 @@
-"""The simulated IPU system as a run drives it, from config values: the pipeline cut a model must allow, the
-memory plan, the clock a training run keeps, and the projection run.mode=project prints."""
+"""The simulated IPU system as a run drives it, from the config: the layout, the model cut into pipeline stages, the
+memory plan, the clock a training run keeps, and the projection run.mode=project prints. A value the system
+cannot take (a cut where two tensors cross, an oversubscribed plan) is the user's to fix: a ConfigError."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 from torch import nn
@@ -16,6 +16,8 @@ from backends.ipu_sim.memory import OutOfMemory
 from backends.ipu_sim.plan import Layout, Plan, plan_run
 from backends.ipu_sim.uncertainty import Interval
 from configs.hardware import System
+from configs.schema import Config, ConfigError, batch_shape
+from models import batchnorm, build_resnet50
 
 
 @dataclass(frozen=True)
@@ -28,26 +30,69 @@ class Workload:
     eval_every: int
 
 
-def check_splits(model: nn.Module, splits: Sequence[str]) -> None:
-    """Raise ValueError unless `model` cuts into pipeline stages at `splits`, one tensor crossing each cut."""
-    pipeline.cut(model, splits)
+def layout(cfg: Config) -> Layout:
+    """The run's layout on the simulated IPU system, as the probe, the memory plan and the cost model read it."""
+    device = cfg.device
+    return Layout(
+        replicas=device.replicas,
+        micro_batch=batch_shape(cfg, world_size=1).micro_batch,
+        grad_accum=cfg.dist.grad_accum,
+        image_size=cfg.data.image_size,
+        splits=tuple(device.pipeline_splits),
+        recompute=device.recompute,
+        device_iterations=device.device_iterations,
+        optimizer_state=device.optimizer_state,
+        input_8bit=device.input_8bit,
+        compute=cfg.precision.compute,
+        master=cfg.precision.master,
+        merged_allreduce=cfg.dist.bucket_mb is None,
+    )
 
 
-def plan(model: nn.Module, layout: Layout, system: System) -> Plan:
-    """Probe one micro-batch of `model` on the host and plan each IPU's memory. Raises ValueError for a split
-    or recomputation checkpoint the model does not run."""
-    return plan_run(model, layout, system.chip)
+def build_model(cfg: Config, classes: int) -> nn.Module:
+    """ResNet-50 with plain BatchNorm (a replica group's micro-batches run as one pass, so it sees them together),
+    cut into pipeline stages where one tensor crosses each cut."""
+    norm = batchnorm(cfg.model.bn_momentum, cfg.model.bn_eps)
+    model = build_resnet50(classes, norm, cfg.model.zero_init_residual, cfg.device.channels_last)
+    modules = dict(model.named_modules())
+    for name in cfg.device.pipeline_splits:
+        if name not in modules:
+            examples = ", ".join([*list(modules)[1:4], "layer2", "layer3.2"])
+            raise ConfigError("device.pipeline_splits", f"{name!r} is not a module of the model (e.g. {examples})")
+    try:
+        pipeline.cut(model, cfg.device.pipeline_splits)
+    except ValueError as err:  # e.g. a cut inside a residual block, where two tensors cross
+        raise ConfigError("device.pipeline_splits", str(err)) from err
+    return model
 
 
-def clock(planned: Plan, system: System, announce: bool) -> DeviceClock:
-    """The system's clock, timed by the cost model, for a run whose memory plan fits: an oversubscribed plan
-    raises OutOfMemory (a ValueError) with the per-IPU table, as the IPU compiler refuses it."""
-    planned.memory.check()
+def plan(cfg: Config, model: nn.Module) -> Plan:
+    """Probe one micro-batch of `model` on the host and plan each IPU's memory."""
+    try:
+        return plan_run(model, layout(cfg), system_of(cfg).chip)
+    except ValueError as err:  # a split or recomputation checkpoint the model does not run
+        raise ConfigError("device", str(err)) from err
+
+
+def clock(cfg: Config, model: nn.Module, announce: bool) -> DeviceClock:
+    """The system's clock, timed by the cost model, for a run whose memory plan fits: an oversubscribed plan is
+    refused with the per-IPU table, as the IPU compiler refuses it."""
+    planned, system = plan(cfg, model), system_of(cfg)
+    try:
+        planned.memory.check()
+    except OutOfMemory as err:
+        raise ConfigError("device", str(err)) from err
     if announce:
         print(f"IPU memory of {system.name}: {planned.memory.suggestion()}", flush=True)
     shape = planned.layout.shape()
     step = cost.step_time(planned.profile, system, shape, Constants())
     return DeviceClock(step.total_s, cost.eval_image_s(planned.profile, system, shape, Constants()))
+
+
+def system_of(cfg: Config) -> System:
+    """The simulated system (validation has made sure the config names one)."""
+    assert cfg.device.system is not None
+    return cfg.device.system
 
 
 def project(planned: Plan, system: System, workload: Workload) -> str:
@@ -88,4 +133,4 @@ def report(planned: Plan, system: System, spread: Interval, central: Constants, 
     )
 
 
-__all__ = ["DeviceClock", "Layout", "OutOfMemory", "Plan", "Workload", "check_splits", "clock", "plan", "project"]
+__all__ = ["Layout", "Plan", "Workload", "build_model", "clock", "layout", "plan", "project"]

@@ -19,7 +19,8 @@ import shutil
 import sys
 from pathlib import Path
 
-from assemble import build_backend, make_loader, open_splits, precision_policy
+import backends
+from assemble import make_loader, open_splits
 from bench import photos
 from bench.gpu import stage
 from bench.gpu.step import CLASSES, PRECISIONS
@@ -77,7 +78,7 @@ def loader(args: argparse.Namespace, sizes: stage.Sizes) -> stage.Figures:
     for workers in sizes.workers:
         cfg = config(args, sizes, f"data.workers={workers}")
         train, _ = open_splits(cfg, Topology())
-        batches = make_loader(cfg, train, Topology(), train=True, batch=sizes.batch, device=stage.device())
+        batches = make_loader(cfg, train, Topology(), train=True, device=stage.device())
         rates[str(workers)] = round(throughput(batches, LOADER_SECONDS[args.tiny]), 1)
         print(workers, "workers:", rates[str(workers)], "img/s", flush=True)
     return {"batch": sizes.batch, "image": sizes.image, "images": sizes.photos, "img_s_by_workers": rates}
@@ -110,8 +111,8 @@ def e2e(args: argparse.Namespace, sizes: stage.Sizes) -> stage.Figures:
     cfg = config(args, sizes, *overrides)
     device = stage.device()
     train, _ = open_splits(cfg, Topology())
-    batches = endless(make_loader(cfg, train, Topology(), train=True, batch=sizes.batch, device=device))
-    backend = build_backend(cfg, CLASSES, device, Topology(), precision_policy(cfg, device))
+    batches = endless(make_loader(cfg, train, Topology(), train=True, device=device))
+    backend = backends.from_config(cfg, CLASSES, Topology())
     lr = cfg.optim.base_lr / 100
 
     def step() -> object:

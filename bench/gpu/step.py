@@ -6,7 +6,7 @@ timed ones), with its peak GPU memory:
   bare           torchvision's ResNet-50, channels-last, forward under torch.autocast (bf16), loss in fp32,
                  torch.optim.SGD(fused=True, momentum 0.9): no harness code, the input a normalised float batch
   timm           timm's resnet50 trained the same way (the GPU machine's timm; skipped where timm is missing)
-  fp32 bf16 fp16 the harness (backends.native through assemble.build_backend, the config's optimizer: LARS)
+  fp32 bf16 fp16 the harness (backends.native through backends.from_config, the config's optimizer: LARS)
                  with configs/precision/<name>.yaml, the uint8 NHWC batch normalised inside the model
   sgd            the harness in bf16 with optim=sgd: the bare loop's optimizer
   base, +OPTION  the harness in bf16 with every speed option of the config off, then each one on alone
@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 import torchvision
 
-from assemble import build_backend, precision_policy
+import backends
 from bench.gpu import stage
 from configs.schema import SPEED_OPTIONS
 from distributed import Topology
@@ -71,8 +71,7 @@ def harness(overrides: list[str], sizes: stage.Sizes, images: torch.Tensor, labe
     """The harness's train step, built from the config as train.py builds it."""
     shape = [f"data.global_batch={sizes.batch}", f"data.image_size={sizes.image}", f"data.eval_resize={sizes.image}"]
     cfg = stage.composed([f"device={images.device.type}", *shape, *overrides])
-    policy = precision_policy(cfg, images.device)
-    backend = build_backend(cfg, CLASSES, images.device, Topology(), policy)
+    backend = backends.from_config(cfg, CLASSES, Topology())
     lr = cfg.optim.base_lr / 100  # small enough to stay finite
     return lambda: backend.train_step(images, labels, lr)
 

@@ -1,0 +1,87 @@
+"""A run's backend and batch shape, built from the composed config in one place each."""
+
+from dataclasses import fields
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+import backends
+from backends.ipu_sim.backend import IpuSimBackend
+from backends.native import NativeBackend
+from configs.errors import describe
+from configs.schema import DEVICES, Config, ConfigError, batch_shape, register, validate
+from distributed import Topology
+from optim.lars import LARS
+from optim.precision import Policy, PrecisionConfig
+from tests.conftest import REPO
+
+
+def composed(*overrides: str, world_size: int = 1) -> Config:
+    """configs/config.yaml with `overrides`, composed and validated as train.py does it on `world_size` ranks."""
+    register()
+    with initialize_config_dir(config_dir=str(REPO / "configs"), version_base="1.3"):
+        cfg = OmegaConf.to_object(compose("config", overrides=list(overrides)))
+    validate(cfg, world_size)
+    return cfg
+
+
+def test_every_device_name_the_schema_allows_has_a_backend():
+    assert tuple(backends.BACKENDS) == DEVICES
+
+
+def test_the_policy_has_the_config_schemas_defaults():
+    schema, policy = Config().precision, Policy()
+    for field in fields(PrecisionConfig):
+        assert getattr(policy, field.name) == getattr(schema, field.name), field.name
+    assert Policy.for_device(schema, "cpu") == policy
+
+
+def test_each_precision_file_means_the_policy_its_name_says():
+    for name, emulated_on_cpu in [("fp32", False), ("fp16.32", True), ("fp16.16", True)]:
+        policy = Policy.for_device(composed(f"precision={name}").precision, "cpu")
+        assert policy.name == name and policy.emulated == emulated_on_cpu
+        assert policy.master == ("fp16" if name.endswith(".16") else "fp32")
+
+
+def test_a_cpu_backend_is_built_from_the_config_values_it_needs():
+    cfg = composed("optim=lars", "precision=fp16.32", "optim.label_smoothing=0.1", "dist.grad_accum=2")
+    backend = backends.from_config(cfg, classes=7, topology=Topology())
+    assert type(backend) is NativeBackend and backend.device == torch.device("cpu")
+    assert isinstance(backend.optimizer, LARS) and backend.model.fc.out_features == 7
+    assert backend.policy == Policy.for_device(cfg.precision, "cpu") and backend.policy.emulated
+    assert (backend.grad_accum, backend.label_smoothing) == (2, 0.1)
+
+
+def test_a_simulated_ipu_backend_takes_its_ranks_share_of_the_replicas():
+    overrides = ("device=ipu_pod16", "device.replicas=4", "data.global_batch=16", "dist.bn_group_size=2")
+    cfg = composed(*overrides, world_size=2)
+    backend = backends.from_config(cfg, classes=4, topology=Topology(rank=1, world_size=2))
+    assert type(backend) is IpuSimBackend and backend.device == torch.device("cpu")
+    assert (backend.replicas, backend.bn_group) == (2, 2)
+    assert backend.clock.step_s > 0  # timed by the cost model once the memory plan fits
+
+
+def test_the_batch_shape_deals_the_global_batch_to_ranks_replicas_and_micro_batches():
+    native = batch_shape(composed("data.global_batch=64", "dist.grad_accum=2", "dist.bn_group_size=2", world_size=4), 4)
+    assert (native.per_rank, native.micro_batch, native.bn_span) == (16, 8, 16)
+    cfg = composed("device=ipu_pod16", "device.replicas=8", "data.global_batch=160", "dist.grad_accum=2", world_size=2)
+    simulated = batch_shape(cfg, world_size=2)
+    assert (simulated.per_rank, simulated.micro_batch, simulated.bn_span) == (80, 10, 10)
+
+
+@pytest.mark.parametrize("key", ["dist.per_rank_batch=16", "device.micro_batch=20"])
+def test_a_removed_batch_key_is_refused_in_one_line(key):
+    register()
+    with initialize_config_dir(config_dir=str(REPO / "configs"), version_base="1.3"), pytest.raises(Exception) as err:
+        compose("config", overrides=[key])
+    assert describe(err.value).startswith(f"{key.split('=')[0]}: no such key")
+
+
+def test_a_pipeline_cut_inside_a_residual_block_is_a_config_error():
+    cfg = composed("device=ipu_pod16", "device.replicas=2", "data.global_batch=16", "dist.grad_accum=2")
+    cfg.device.pipeline_splits = ["layer1.0.conv2"]
+    with pytest.raises(ConfigError) as refused:
+        backends.from_config(cfg, classes=4, topology=Topology())
+    assert refused.value.key == "device.pipeline_splits"
