@@ -121,6 +121,7 @@ class Run:
     train_loader: Loader
     val_loader: Loader
     schedule: Schedule
+    steps_per_epoch: int  # a whole epoch's (the loader's length is what is left of the epoch it was set to)
     loop: Loop = field(default_factory=Loop)
 
     def log_sizes(self) -> dict[str, int]:
@@ -159,10 +160,11 @@ def train(cfg: Config, out_dir: Path, topology: Topology, resolved: str) -> tupl
     backend = backends.from_config(cfg, len(train_split.classes), topology)
     if cfg.mlperf.clock == "device":
         log.clock = backend.now  # from here on the log, and the time-to-train, are in the simulated IPUs' time
-    schedule = make_schedule(cfg, len(train_loader))
+    steps_per_epoch = len(train_loader)
+    schedule = make_schedule(cfg, steps_per_epoch)
     tensorboard = out_dir / TENSORBOARD if cfg.run.tensorboard else None
     metrics = MetricsCSV(out_dir / METRICS if topology.is_main else None, tensorboard)
-    run = Run(cfg, out_dir, topology, log, metrics, backend, train_loader, val_loader, schedule)
+    run = Run(cfg, out_dir, topology, log, metrics, backend, train_loader, val_loader, schedule, steps_per_epoch)
     if checkpoint is None:
         log_hyperparameters(log, hyperparameters(cfg, schedule, topology.world_size, train_split, val_split))
         log.end(constants.INIT_STOP)
@@ -210,7 +212,7 @@ def end_stopped(run: Run, err: BaseException) -> None:
     if isinstance(err, StopRequested):
         if run.topology.is_main:
             loop = run.loop
-            where = f"step {loop.step} (epoch {loop.epoch}, {loop.batch} of its {len(run.train_loader)} steps done)"
+            where = f"step {loop.step} (epoch {loop.epoch}, {loop.batch} of its {run.steps_per_epoch} steps done)"
             tell_how_to_resume(err, where, run.topology, HydraConfig.get().overrides.task, run.out_dir, [CACHE_ENV])
         distributed.barrier()  # rank 0's checkpoint and log are whole before any rank exits
 
