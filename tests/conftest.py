@@ -12,8 +12,16 @@ from pathlib import Path
 
 import pytest
 import torch
+from hydra import compose, initialize_config_dir
+from hydra.errors import HydraException
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
-from data.synthetic import CACHE_ENV
+from configs.errors import describe
+from configs.schema import Config, ConfigError, register, validate
+from data.datasets import open_dataset
+from data.split import Split
+from data.synthetic import CACHE_ENV, SyntheticSpec
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -65,6 +73,33 @@ def run_train(
     if check and result.returncode != 0:
         raise AssertionError(f"train.py failed ({result.returncode}):\n{result.stdout}\n{result.stderr}")
     return result
+
+
+# What a mistake in the overrides raises before a run starts; train.py tells each in one line, with exit status 2.
+CONFIG_ERRORS = (ConfigError, HydraException, OmegaConfBaseException)
+
+
+def composed(*overrides: str, world_size: int = 1) -> Config:
+    """configs/config.yaml with `overrides`, composed and validated as train.py does it on `world_size` ranks."""
+    register()
+    with initialize_config_dir(config_dir=str(REPO / "configs"), version_base="1.3"):
+        cfg = OmegaConf.to_object(compose("config", overrides=list(overrides)))
+    validate(cfg, world_size)
+    return cfg
+
+
+def config_error(*overrides: str, world_size: int = 1) -> str:
+    """The message of the line `error: ...` with which train.py refuses `overrides` (configs.errors.describe)."""
+    with pytest.raises(CONFIG_ERRORS) as refused:
+        composed(*overrides, world_size=world_size)
+    return describe(refused.value)
+
+
+def configured_dataset(*overrides: str) -> tuple[Split, Split]:
+    """The dataset train.py opens for `overrides` (the synthetic set generated first where it is missing); a
+    DatasetError it raises is train.py's one line and exit status 2 (tests/test_data.py runs train.py into one)."""
+    data = composed(*overrides).data
+    return open_dataset(data.name, data.root, SyntheticSpec(**vars(data.synthetic)), data.format)
 
 
 MARGINS: list[str] = []  # one line per convergence test, printed at the end of the session

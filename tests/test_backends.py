@@ -4,27 +4,15 @@ from dataclasses import fields
 
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
-from omegaconf import OmegaConf
 
 import backends
 from backends.ipu_sim.backend import IpuSimBackend
 from backends.native import NativeBackend
-from configs.errors import describe
-from configs.schema import DEVICES, Config, ConfigError, batch_shape, register, validate
+from configs.schema import DEVICES, Config, ConfigError, batch_shape
 from distributed import Topology
 from optim.lars import LARS
 from optim.precision import Policy, PrecisionConfig
-from tests.conftest import REPO
-
-
-def composed(*overrides: str, world_size: int = 1) -> Config:
-    """configs/config.yaml with `overrides`, composed and validated as train.py does it on `world_size` ranks."""
-    register()
-    with initialize_config_dir(config_dir=str(REPO / "configs"), version_base="1.3"):
-        cfg = OmegaConf.to_object(compose("config", overrides=list(overrides)))
-    validate(cfg, world_size)
-    return cfg
+from tests.conftest import composed, config_error
 
 
 def test_every_device_name_the_schema_allows_has_a_backend():
@@ -73,10 +61,7 @@ def test_the_batch_shape_deals_the_global_batch_to_ranks_replicas_and_micro_batc
 
 @pytest.mark.parametrize("key", ["dist.per_rank_batch=16", "device.micro_batch=20"])
 def test_a_removed_batch_key_is_refused_in_one_line(key):
-    register()
-    with initialize_config_dir(config_dir=str(REPO / "configs"), version_base="1.3"), pytest.raises(Exception) as err:
-        compose("config", overrides=[key])
-    assert describe(err.value).startswith(f"{key.split('=')[0]}: no such key")
+    assert config_error(key).startswith(f"{key.split('=')[0]}: no such key")
 
 
 def test_a_pipeline_cut_inside_a_residual_block_is_a_config_error():

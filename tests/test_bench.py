@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from bench import loader
 from bench.loader import generate_photos, write_dali_indexes
 from bench.precision import curves
 from data.datasets import open_dataset
@@ -69,10 +70,9 @@ def test_loader_bench_writes_the_dali_index_that_dalis_own_tool_writes(tmp_path)
         assert index.read_text() == (tmp_path / "theirs.idx").read_text()
 
 
-def test_loader_bench_refuses_a_folder_that_is_not_a_dataset(tmp_path):
-    command = [sys.executable, "-m", "bench.loader", "--data", str(tmp_path)]
-    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=120)
-    assert result.returncode == 2 and "not in an ImageNet layout" in result.stderr
+def test_loader_bench_refuses_a_folder_that_is_not_a_dataset(tmp_path, capsys):
+    assert loader.main(["--data", str(tmp_path)]) == 2
+    assert "not in an ImageNet layout" in capsys.readouterr().err
 
 
 def test_precision_bench_prints_the_plot_curves_as_a_table():

@@ -1,21 +1,19 @@
 """bench.convergence refuses settings it cannot run (its runs take minutes: the figures come from bench/)."""
 
-import subprocess
-import sys
-
 import pytest
 
+from bench import convergence
 from bench.precision import curves
-from tests.conftest import REPO
 
 
 @pytest.mark.parametrize(
     ("arguments", "message"),
     [(["--kernels", "avx2"], "ATEN:ONEDNN pairs"), (["--epochs", "0"], "1 or more"), (["--recipe", "x"], "choice")],
 )
-def test_convergence_bench_refuses_bad_arguments(arguments, message):
-    result = subprocess.run([sys.executable, "-m", "bench.convergence", *arguments], cwd=REPO, capture_output=True)
-    assert result.returncode == 2 and message in result.stderr.decode()
+def test_convergence_bench_refuses_bad_arguments(arguments, message, capsys):
+    with pytest.raises(SystemExit) as refused:
+        convergence.main(arguments)
+    assert refused.value.code == 2 and message in capsys.readouterr().err
 
 
 def test_curves_line_up_under_long_setting_names():

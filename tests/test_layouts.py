@@ -16,7 +16,7 @@ from data.datasets import describe_dataset, open_dataset
 from data.devkit import write_devkit
 from data.split import DatasetError, Split
 from data.synthetic import CACHE_ENV, SyntheticSpec
-from tests.conftest import run_train
+from tests.conftest import configured_dataset
 from tests.jpeg_samples import jpeg
 
 WNIDS = ("n01440764", "n01443537", "n01484850")  # sorted: class i is WNIDS[i]
@@ -159,15 +159,15 @@ def test_an_unknown_layout_is_refused_with_the_layouts_known_and_what_is_there(t
         imagenet(tmp_path / "missing")
 
 
-def test_train_py_refuses_an_unknown_layout_with_exit_status_2(tmp_path):
+def test_a_configured_root_in_no_layout_is_refused_with_what_is_there(tmp_path):
     """image-net.org's train tar unpacked once: one tar per class, not yet class folders."""
     for wnid in WNIDS:
         write(tmp_path / "imagenet" / "train" / f"{wnid}.tar", b"")
     write(tmp_path / "imagenet" / "val" / "ILSVRC2012_val_00000001.JPEG", image(0))
-    result = run_train("data.name=imagenet", f"data.root={tmp_path / 'imagenet'}", cache=tmp_path)
-    assert result.returncode == 2, result.stderr
-    assert "not in an ImageNet layout" in result.stderr
-    assert f"found in {tmp_path / 'imagenet' / 'train'}: n01440764.tar, n01443537.tar" in result.stderr
+    with pytest.raises(DatasetError) as refused:
+        configured_dataset("data.name=imagenet", f"data.root={tmp_path / 'imagenet'}")
+    assert "not in an ImageNet layout" in str(refused.value)
+    assert f"found in {tmp_path / 'imagenet' / 'train'}: n01440764.tar, n01443537.tar" in str(refused.value)
 
 
 def test_a_second_start_reads_the_saved_index_until_the_tree_changes(tmp_path, cache, monkeypatch):
