@@ -7,9 +7,10 @@ import torch
 
 import backends
 from backends.ipu_sim.backend import IpuSimBackend
-from backends.native import NativeBackend
+from backends.native import NativeBackend, norm_layer
 from configs.schema import DEVICES, Config, ConfigError, batch_shape
 from distributed import Topology
+from distributed.batchnorm import DistributedBatchNorm2d
 from optim.lars import LARS
 from optim.precision import Policy, PrecisionConfig
 from tests.conftest import composed, config_error
@@ -40,6 +41,14 @@ def test_a_cpu_backend_is_built_from_the_config_values_it_needs():
     assert isinstance(backend.optimizer, LARS) and backend.model.fc.out_features == 7
     assert backend.policy == Policy.for_device(cfg.precision, "cpu") and backend.policy.emulated
     assert (backend.grad_accum, backend.label_smoothing) == (2, 0.1)
+
+
+def test_batchnorm_spans_the_configured_group_of_ranks():
+    """DistributedBatchNorm2d over dist.bn_group_size ranks (the torchrun run of tests/test_distributed.py that
+    trains to the target with it is slow); BatchNorm2d for a group of one."""
+    over_both = norm_layer(composed("dist.bn_group_size=2", world_size=2))(8)
+    assert isinstance(over_both, DistributedBatchNorm2d) and over_both.group_size == 2
+    assert type(norm_layer(composed())(8)) is torch.nn.BatchNorm2d
 
 
 def test_a_simulated_ipu_backend_takes_its_ranks_share_of_the_replicas():

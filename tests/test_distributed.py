@@ -22,7 +22,10 @@ from distributed.topology import LaunchError, Topology, first_host, from_environ
 from models import batchnorm, build_resnet50
 from tests.conftest import (
     REPO,
+    TINY_RUN,
     assert_compliant,
+    assert_compliant_but_for_accuracy,
+    assert_same_run,
     mllog_events,
     processes_mentioning,
     record_margin,
@@ -101,7 +104,7 @@ def _refuse() -> None:
     raise ConfigError("run.resume", "outputs/x already holds a finished run")
 
 
-def _rank_zero_decides(rank: int, world_size: int) -> tuple:
+def _rank_zero_decides(rank: int) -> tuple:
     chosen = distributed.from_main(lambda: f"decided by rank {rank}")
     gathered = distributed.gather_to_main({"rank": rank, "state": torch.full((2,), rank)})
     try:
@@ -111,11 +114,42 @@ def _rank_zero_decides(rank: int, world_size: int) -> tuple:
     return chosen, [(g["rank"], g["state"].tolist()) for g in gathered], refused
 
 
-def test_rank_zero_decides_gathers_and_its_errors_reach_every_rank():
-    results = run_ranks(_rank_zero_decides, 2)
+def _train_two_steps(rank: int) -> dict[str, torch.Tensor]:
+    torch.manual_seed(rank)  # each rank builds different initial weights, as seeds are per rank
+    model = build_resnet50(4, batchnorm(0.1, 1e-5), channels_last=True)
+    backend = NativeBackend(
+        model, torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9), torch.device("cpu"), label_smoothing=0.1
+    )
+    generator = torch.Generator().manual_seed(100 + rank)  # and reads different images
+    for _ in range(2):
+        images = torch.randint(0, 256, (4, 32, 32, 3), dtype=torch.uint8, generator=generator)
+        backend.train_step(images, torch.randint(0, 4, (4,), generator=generator), lr=0.1)
+    backend.end_epoch()  # local BatchNorm's running statistics are averaged
+    return backend.state_dict()["model"]
+
+
+def _on_each_rank(rank: int, world_size: int) -> dict[str, object]:
+    return {"decisions": _rank_zero_decides(rank), "trained": _train_two_steps(rank)}
+
+
+@pytest.fixture(scope="module")
+def ranked() -> list[dict[str, object]]:
+    """What each of 2 gloo ranks returns from both scenarios, run in one spawn (each costs seconds of imports)."""
+    return run_ranks(_on_each_rank, 2)
+
+
+def test_rank_zero_decides_gathers_and_its_errors_reach_every_rank(ranked):
+    results = [rank["decisions"] for rank in ranked]
     assert [chosen for chosen, _, _ in results] == ["decided by rank 0"] * 2
     assert results[0][1] == [(0, [0, 0]), (1, [1, 1])] and results[1][1] == []
     assert [refused for _, _, refused in results] == ["run.resume", "run.resume"]
+
+
+def test_ranks_start_from_rank_0s_weights_and_stay_identical(ranked):
+    first, second = (rank["trained"] for rank in ranked)
+    assert first.keys() == second.keys()
+    for key, value in first.items():
+        assert torch.equal(value, second[key]), key
 
 
 def exactly_one_keys() -> set[str]:
@@ -136,6 +170,39 @@ def torchrun(*overrides: str, cache: Path) -> subprocess.Popen[str]:
     )
 
 
+# Two ranks of one thread and one loader worker each (the machine's 2 cores), 2 epochs of 4 steps (TINY_RUN's 64
+# images at 32 px, batches of 8 per rank) that never reach the target.
+TWO_RANKS = (*TINY_RUN, "run.max_epochs=2", "mlperf.target_accuracy=1.0", "device.threads=1", "data.workers=1")
+
+
+@pytest.fixture(scope="module")
+def two_ranks(cache_dir, tmp_path_factory) -> tuple[Path, str]:
+    """TWO_RANKS under torchrun, never stopped: its run directory (alone in its parent) and what it printed."""
+    run_dir = tmp_path_factory.mktemp("two-ranks") / "run"
+    run = torchrun(*TWO_RANKS, f"hydra.run.dir={run_dir}", cache=cache_dir)
+    stdout, stderr = run.communicate(timeout=600)
+    assert run.returncode == 0, stdout + stderr
+    return run_dir, stdout
+
+
+def test_two_ranks_write_one_directory_and_a_log_that_passes_the_checker(two_ranks, tmp_path):
+    run_dir, _ = two_ranks
+    assert_compliant_but_for_accuracy(run_dir / "mlperf.log", tmp_path)
+    events = mllog_events(run_dir / "mlperf.log")
+    counts = {key: sum(e["key"] == key for e in events) for key in exactly_one_keys()}
+    assert counts == dict.fromkeys(counts, 1)
+    assert {e["key"]: e["value"] for e in events}["model_bn_span"] == 8  # per-rank batch 8, BatchNorm per rank
+    assert sorted(p.name for p in run_dir.parent.iterdir()) == ["run"]  # one directory for both ranks
+
+
+def test_only_rank_0_reports(two_ranks):
+    _, stdout = two_ranks
+    assert "2 ranks (torchrun), BN span 8" in stdout
+    assert stdout.count("epoch   1/2") == 1
+    assert stdout.count("run_stop status aborted: 2 epochs") == 1
+
+
+@pytest.mark.slow  # minutes long; what a run of two ranks writes is checked on two_ranks
 @pytest.mark.convergence
 def test_two_ranks_train_and_rank_0_writes_a_log_that_passes_the_checker(cache_dir, tmp_path):
     out = tmp_path / "run"
@@ -170,7 +237,7 @@ def rank_pid(marker: str, rank: int) -> int | None:
 def start_and_wait_for_epoch_1(out: Path, cache: Path, *overrides: str) -> tuple[subprocess.Popen[str], int]:
     """A 2-rank torchrun that would run long, once its first epoch is over; returns it and rank 1's pid."""
     run = torchrun(
-        *SMOKE, "run.max_epochs=6", "mlperf.target_accuracy=1.0", f"hydra.run.dir={out}", *overrides, cache=cache
+        *TINY_RUN, "run.max_epochs=50", "mlperf.target_accuracy=1.0", f"hydra.run.dir={out}", *overrides, cache=cache
     )
     metrics = out / "metrics.csv"
     deadline = time.monotonic() + 300
@@ -207,58 +274,25 @@ def test_a_hung_rank_stops_the_other_after_the_timeout(cache_dir, tmp_path):
     assert_stopped_with_log_closed(run, tmp_path / "hung", "error: rank 1 stopped responding", within_s=20 + 30 + 20)
 
 
-def _train_two_steps(rank: int, world_size: int) -> dict[str, torch.Tensor]:
-    torch.manual_seed(rank)  # each rank builds different initial weights, as seeds are per rank
-    model = build_resnet50(4, batchnorm(0.1, 1e-5), channels_last=True)
-    backend = NativeBackend(
-        model, torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9), torch.device("cpu"), label_smoothing=0.1
-    )
-    generator = torch.Generator().manual_seed(100 + rank)  # and reads different images
-    for _ in range(2):
-        images = torch.randint(0, 256, (4, 32, 32, 3), dtype=torch.uint8, generator=generator)
-        backend.train_step(images, torch.randint(0, 4, (4,), generator=generator), lr=0.1)
-    backend.end_epoch()  # local BatchNorm's running statistics are averaged
-    return backend.state_dict()["model"]
-
-
-def test_ranks_start_from_rank_0s_weights_and_stay_identical():
-    first, second = run_ranks(_train_two_steps, 2)
-    assert first.keys() == second.keys()
-    for key, value in first.items():
-        assert torch.equal(value, second[key]), key
-
-
-def test_one_ranks_sigterm_stops_both_mid_epoch_and_they_resume_to_the_same_weights(cache_dir, tmp_path):
-    straight, stopped = tmp_path / "straight", tmp_path / "stopped"
-    recipe = (*SMOKE, "run.max_epochs=2", "mlperf.target_accuracy=1.0", "device.threads=1", "data.workers=1")
-    assert torchrun(*recipe, f"hydra.run.dir={straight}", cache=cache_dir).wait(timeout=600) == 0
-
-    run = torchrun(*recipe, f"hydra.run.dir={stopped}", cache=cache_dir)
+def test_one_ranks_sigterm_stops_both_mid_epoch_and_they_resume_to_the_same_weights(two_ranks, cache_dir, tmp_path):
+    run = torchrun(*TWO_RANKS, f"hydra.run.dir={tmp_path}", cache=cache_dir)
     for line in run.stdout:  # rank 0 prints its policy once both ranks have opened the data: the loop is next
         if line.startswith("precision "):
-            os.kill(rank_pid(str(stopped), rank=1), signal.SIGTERM)
+            os.kill(rank_pid(str(tmp_path), rank=1), signal.SIGTERM)
             signalled = time.monotonic()
             break
     _, stderr = run.communicate(timeout=300)
     assert time.monotonic() - signalled < 30, stderr  # each rank's loader worker shut down, not waited for
-    assert "stopped by SIGTERM at step 1 (epoch 1, 1 of its 16 steps done)" in stderr  # rank 0 says so, once
-    events = mllog_events(stopped / "mlperf.log")
+    assert "stopped by SIGTERM at step 1 (epoch 1, 1 of its 4 steps done)" in stderr  # rank 0 says so, once
+    events = mllog_events(tmp_path / "mlperf.log")
     assert events[-1]["key"] == "run_stop" and events[-1]["metadata"]["status"] == "aborted"
-    assert len(torch.load(stopped / "checkpoint.pt", weights_only=True)["ranks"]) == 2  # both ranks' own state
-    assert "torch.distributed.run --standalone --nproc-per-node=2" in (stopped / "resume.sh").read_text()
-    assert processes_mentioning(str(stopped)) == []
+    assert len(torch.load(tmp_path / "checkpoint.pt", weights_only=True)["ranks"]) == 2  # both ranks' own state
+    assert "torch.distributed.run --standalone --nproc-per-node=2" in (tmp_path / "resume.sh").read_text()
+    assert processes_mentioning(str(tmp_path)) == []
 
-    resumed = torchrun(*recipe, f"hydra.run.dir={stopped}", "run.resume=auto", cache=cache_dir)
+    resumed = torchrun(*TWO_RANKS, f"hydra.run.dir={tmp_path}", "run.resume=auto", cache=cache_dir)
     stdout, stderr = resumed.communicate(timeout=600)
     assert resumed.returncode == 0, stdout + stderr
     assert "resuming at epoch 1 (step 1, 1 steps into the epoch)" in stdout
-
-    expected = torch.load(straight / "model.pt", weights_only=True)
-    actual = torch.load(stopped / "model.pt", weights_only=True)
-    for name in expected:
-        assert torch.equal(expected[name], actual[name]), name
-    accuracies = [
-        [e["value"] for e in mllog_events(d / "mlperf.log") if e["key"] == "eval_accuracy"] for d in (straight, stopped)
-    ]
-    assert accuracies[0] == accuracies[1]
-    assert [e["key"] for e in mllog_events(stopped / "mlperf.log")].count("run_start") == 1
+    never_stopped, _ = two_ranks
+    assert_same_run(never_stopped, tmp_path)
