@@ -73,9 +73,17 @@ def test_a_removed_batch_key_is_refused_in_one_line(key):
     assert config_error(key).startswith(f"{key.split('=')[0]}: no such key")
 
 
-def test_a_pipeline_cut_inside_a_residual_block_is_a_config_error():
+@pytest.mark.parametrize(
+    ("split", "message"),
+    [
+        ("layer9", "'layer9' is not a module of the model (e.g. conv1, bn1, relu, layer2, layer3.2)"),
+        ("layer2.0.conv2", "the stage from 'layer2.0.conv2' takes 2 tensors; a cut must pass exactly one"),
+    ],
+)
+def test_a_pipeline_split_that_is_not_a_module_boundary_is_a_config_error(split, message):
+    """As train.py builds the backend, which it tells in one line with exit status 2 (tests/test_config.py)."""
     cfg = composed("device=ipu_pod16", "device.replicas=2", "data.global_batch=16", "dist.grad_accum=2")
-    cfg.device.pipeline_splits = ["layer1.0.conv2"]
+    cfg.device.pipeline_splits = [split]
     with pytest.raises(ConfigError) as refused:
         backends.from_config(cfg, classes=4, topology=Topology())
-    assert refused.value.key == "device.pipeline_splits"
+    assert refused.value.key == "device.pipeline_splits" and str(refused.value).endswith(message)

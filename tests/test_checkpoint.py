@@ -31,11 +31,13 @@ def test_a_file_that_is_not_our_checkpoint_is_refused_with_what_to_do(write, tmp
 
 
 def test_train_py_refuses_a_garbage_checkpoint_in_one_line_with_exit_status_2(cache_dir, tmp_path):
-    garbage = os.urandom(5000)
-    (tmp_path / "checkpoint.pt").write_bytes(garbage)
+    """In the directory of a stopped run, whose log and config it leaves as they were."""
+    (tmp_path / "checkpoint.pt").write_bytes(os.urandom(5000))
+    (tmp_path / "mlperf.log").write_text(':::MLLOG {"key": "run_stop"}\n')
+    (tmp_path / "config.yaml").write_text("the stopped run's\n")
+    before = {path: path.read_bytes() for path in tmp_path.iterdir()}
     result = run_train(*TINY_RUN, "run.resume=auto", f"hydra.run.dir={tmp_path}", cache=cache_dir)
     assert result.returncode == 2, result.stderr
     (message,) = result.stderr.splitlines()  # one line: no traceback, no line of Hydra's
     assert message == f"error: {tmp_path / 'checkpoint.pt'} {ADVICE}"
-    assert (tmp_path / "checkpoint.pt").read_bytes() == garbage
-    assert not (tmp_path / "mlperf.log").exists()
+    assert {path: path.read_bytes() for path in before} == before

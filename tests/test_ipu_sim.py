@@ -13,7 +13,6 @@ from backends.native import NativeBackend
 from configs.schema import Config, ConfigError, validate
 from distributed.batchnorm import DistributedBatchNorm2d
 from optim.precision import Policy
-from tests.conftest import run_train
 from tests.ranks import run_ranks
 from tests.systems import system
 
@@ -153,21 +152,3 @@ def test_an_ipu_layout_that_does_not_add_up_is_refused(settings, key, message):
     with pytest.raises(ConfigError) as err:
         validate(ipu_config(**settings))
     assert err.value.key == key and message in str(err.value)
-
-
-@pytest.mark.parametrize(
-    ("split", "message"),
-    [
-        ("layer9", "'layer9' is not a module of the model"),
-        pytest.param(  # tests/test_ipu_pipeline.py refuses it in-process
-            "layer2.0.conv2",
-            "the stage from 'layer2.0.conv2' takes 2 tensors; a cut must pass exactly one",
-            marks=pytest.mark.slow,
-        ),
-    ],
-)
-def test_a_pipeline_split_that_is_not_a_module_boundary_is_refused(split, message, cache_dir, tmp_path):
-    overrides = (f"device.pipeline_splits=[{split}]", "dist.grad_accum=2", f"hydra.run.dir={tmp_path}")
-    result = run_train("experiment=smoke", "device=ipu_pod16", *overrides, cache=cache_dir)
-    assert result.returncode == 2
-    assert f"error: device.pipeline_splits: {message}" in result.stderr

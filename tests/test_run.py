@@ -101,16 +101,18 @@ def assert_a_whole_run(run_dir: Path, optimizer: str) -> None:
     assert_tensorboard_matches_metrics(run_dir)
 
 
-@pytest.mark.parametrize(("recipe", "optimizer"), [(TWO_EPOCHS, "lars"), (ONE_STEP_EPOCHS, "sgd")])
+@pytest.mark.parametrize(("recipe", "optimizer"), [(TWO_EPOCHS, "lars"), (ONE_STEP_EPOCHS, "sgd")], ids=["lars", "sgd"])
 def test_a_whole_run_leaves_its_log_weights_and_metrics(straight, recipe, optimizer, tmp_path):
     run_dir = straight(recipe)
     assert_compliant_but_for_accuracy(run_dir / "mlperf.log", tmp_path)
     assert_a_whole_run(run_dir, optimizer)
 
 
-@pytest.mark.slow  # minutes long; what a whole run leaves is checked on tiny runs above
 @pytest.mark.convergence
-@pytest.mark.parametrize(("optimizer", "lr"), [("lars", 4.0), ("sgd", 0.1)])
+@pytest.mark.parametrize(
+    ("optimizer", "lr"),
+    [("lars", 4.0), pytest.param("sgd", 0.1, marks=pytest.mark.slow)],  # a minute each; make test runs the default
+)
 def test_smoke_run_reaches_target_and_its_log_passes_the_compliance_checker(optimizer, lr, cache_dir, tmp_path):
     overrides = ("experiment=smoke", f"optim={optimizer}", f"optim.base_lr={lr}", f"hydra.run.dir={tmp_path}")
     run_train(*overrides, cache=cache_dir, check=True)
@@ -131,36 +133,60 @@ def test_a_new_run_refuses_a_directory_that_holds_a_log(tmp_path):
     assert refused.value.key == "run.resume" and "new hydra.run.dir" in str(refused.value)
 
 
-def signal_after_first_checkpoint(run_dir: Path, cache: Path, *signals: signal.Signals) -> tuple[int, str]:
-    """ONE_STEP_EPOCHS in `run_dir`, sent `signals` (10 ms apart: one of a kind is pending at a time) once its
-    first checkpoint exists; returns its exit status and output."""
-    command = [sys.executable, "train.py", *ONE_STEP_EPOCHS, f"hydra.run.dir={run_dir}"]
+class StoppedRun(NamedTuple):
+    status: int
+    output: str
+    signalled_s: float  # from the signal to the exit
+    boundary_s: float  # from "stopped by ... at step ..." (the step boundary's checkpoint and log written) to the exit
+
+
+def stop_when(
+    command: list[str], cache: Path, ready: Callable[[str], bool], *signals: signal.Signals, group: bool = False
+) -> StoppedRun:
+    """Run `command` in the repo in its own process group; once `ready(output so far)` holds, send `signals` (10 ms
+    apart: one of a kind is pending at a time) to its main process, or to the whole group (as a terminal's Ctrl-C
+    and SLURM do: the loader's workers get them too)."""
     process = subprocess.Popen(
-        command, cwd=REPO, env=train_env(cache), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-    )
+        command, cwd=REPO, env=train_env(cache), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        start_new_session=True,
+    )  # fmt: skip
+    lines: list[tuple[float, str]] = []
+
+    def read() -> None:
+        for line in process.stdout:
+            lines.append((time.monotonic(), line))
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
     deadline = time.monotonic() + 300
-    while not (run_dir / "checkpoint.pt").exists():
-        assert process.poll() is None and time.monotonic() < deadline, "no checkpoint before the run ended"
-        time.sleep(0.05)
+    while not ready("".join(line for _, line in lines)):
+        assert process.poll() is None, "the run ended before the point to stop it: " + "".join(x for _, x in lines)
+        assert time.monotonic() < deadline
+        time.sleep(0.005)
+    signalled = time.monotonic()
     for signum in signals:
-        process.send_signal(signum)
+        os.killpg(process.pid, signum) if group else process.send_signal(signum)
         time.sleep(0.01)
-    output, _ = process.communicate(timeout=60)
-    return process.returncode, output
+    process.wait(timeout=120)
+    exited = time.monotonic()
+    reader.join(timeout=10)
+    boundary = next((at for at, line in lines if "stopped by" in line), math.inf)
+    return StoppedRun(process.returncode, "".join(line for _, line in lines), exited - signalled, exited - boundary)
 
 
 @pytest.fixture(scope="module")
-def interrupted_twice(cache_dir, tmp_path_factory) -> tuple[Path, int, str]:
-    """ONE_STEP_EPOCHS sent SIGINT twice once its first checkpoint was written: its directory (tests take copies),
-    exit status and output."""
+def interrupted_twice(cache_dir, tmp_path_factory) -> tuple[Path, StoppedRun]:
+    """ONE_STEP_EPOCHS sent SIGINT twice once its first checkpoint was written: its directory (tests take copies)
+    and how it ended."""
     run_dir = tmp_path_factory.mktemp("interrupted")
-    return run_dir, *signal_after_first_checkpoint(run_dir, cache_dir, signal.SIGINT, signal.SIGINT)
+    command = [sys.executable, "train.py", *ONE_STEP_EPOCHS, f"hydra.run.dir={run_dir}"]
+    return run_dir, stop_when(command, cache_dir, lambda _: (run_dir / "checkpoint.pt").exists(), *[signal.SIGINT] * 2)
 
 
 def test_a_second_ctrl_c_quits_at_once_and_leaves_the_checkpoint_whole(interrupted_twice):
-    run_dir, status, output = interrupted_twice
-    assert status == 130, output
-    assert "stopped by SIGINT" not in output  # it did not wait for the step boundary
+    run_dir, stopped = interrupted_twice
+    assert stopped.status == 130, stopped.output
+    assert "stopped by SIGINT" not in stopped.output  # it did not wait for the step boundary
     torch.load(run_dir / "checkpoint.pt", weights_only=True)  # the last one written whole, whatever was under way
     mllog_events(run_dir / "mlperf.log")  # every line whole
 
@@ -183,28 +209,11 @@ def test_a_damaged_or_mismatched_checkpoint_is_refused(interrupted_twice, tmp_pa
         checkpoint.load(saved, other_lr)
 
 
-def signal_on_line(command: list[str], cache: Path, marker: str, *signals: signal.Signals) -> tuple[int, str]:
-    """Run `command` in the repo; send `signals` once a line of its output contains `marker` (the loop has not
-    started: the stop comes at the first step boundary); returns its exit status and output."""
-    process = subprocess.Popen(
-        command, cwd=REPO, env=train_env(cache), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-    )
-    output = []
-    for line in process.stdout:
-        output.append(line)
-        if marker in line:
-            for signum in signals:
-                process.send_signal(signum)
-            break
-    rest, _ = process.communicate(timeout=600)
-    return process.returncode, "".join(output) + rest
-
-
-def assert_stopped_cleanly(run_dir: Path, returncode: int, output: str, signum: signal.Signals, where: str) -> None:
+def assert_stopped_cleanly(run_dir: Path, stopped: StoppedRun, signum: signal.Signals, where: str) -> None:
     """Exit status 128 + the signal; a log that ends with run_stop aborted and that the checker reads whole; a
     loadable checkpoint; resume.sh with the command that continues the run."""
-    assert returncode == 128 + signum, output
-    assert f"stopped by {signum.name} at {where}" in output, output
+    assert stopped.status == 128 + signum, stopped.output
+    assert f"stopped by {signum.name} at {where}" in stopped.output, stopped.output
     events = mllog_events(run_dir / "mlperf.log")
     assert events[-1]["key"] == "run_stop" and events[-1]["metadata"]["status"] == "aborted"
     assert_read_whole(run_dir / "mlperf.log")
@@ -213,29 +222,13 @@ def assert_stopped_cleanly(run_dir: Path, returncode: int, output: str, signum: 
     assert f"hydra.run.dir={run_dir} run.resume=auto" in (run_dir / "resume.sh").read_text()
 
 
-def kill_once_replaced(command: list[str], cache: Path, path: Path) -> str:
-    """Run `command` in the repo and kill it (SIGKILL) once it has replaced the file at `path` (a checkpoint,
-    renamed into place whole); returns its output."""
-    process = subprocess.Popen(
-        command, cwd=REPO, env=train_env(cache), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-    )
-    written = path.stat().st_ino
-    deadline = time.monotonic() + 300
-    while path.stat().st_ino == written:
-        assert process.poll() is None and time.monotonic() < deadline, "no checkpoint before the run ended"
-        time.sleep(0.05)
-    process.kill()
-    output, _ = process.communicate(timeout=60)
-    return output
-
-
 def test_a_run_stopped_at_the_end_of_an_epoch_then_killed_resumes_to_the_same_run(straight, cache_dir, tmp_path):
     """SIGINT before the loop starts: the stop comes at step 1, the end of epoch 1 and before its evaluation. A new
     run in its directory is refused, its files untouched; resumed, it is killed (SIGKILL) once it has written its
     next checkpoint, and resumed again it ends with the weights of a run never stopped, with one valid log."""
     command = [sys.executable, "train.py", *ONE_STEP_EPOCHS, f"hydra.run.dir={tmp_path}"]
-    status, output = signal_on_line(command, cache_dir, "precision ", signal.SIGINT)
-    assert_stopped_cleanly(tmp_path, status, output, signal.SIGINT, "step 1 (epoch 1, 1 of its 1 steps done)")
+    stopped = stop_when(command, cache_dir, lambda output: "precision " in output, signal.SIGINT)
+    assert_stopped_cleanly(tmp_path, stopped, signal.SIGINT, "step 1 (epoch 1, 1 of its 1 steps done)")
     assert "eval_start" not in [e["key"] for e in mllog_events(tmp_path / "mlperf.log")]  # before its evaluation
 
     files = {name: (tmp_path / name).read_bytes() for name in ("mlperf.log", "config.yaml", "checkpoint.pt")}
@@ -243,52 +236,18 @@ def test_a_run_stopped_at_the_end_of_an_epoch_then_killed_resumes_to_the_same_ru
     assert again.returncode == 2 and "a stopped run; continue it with run.resume=auto" in again.stderr
     assert {name: (tmp_path / name).read_bytes() for name in files} == files
 
-    resume = [*command, "run.resume=auto"]
-    assert "resuming at epoch 1 (step 1, 1 steps into the epoch)" in kill_once_replaced(
-        resume, cache_dir, tmp_path / "checkpoint.pt"
+    first = (tmp_path / "checkpoint.pt").stat().st_ino  # the next is renamed into place whole: a new inode
+    killed = stop_when(
+        [*command, "run.resume=auto"],
+        cache_dir,
+        lambda _: (tmp_path / "checkpoint.pt").stat().st_ino != first,
+        signal.SIGKILL,
     )
+    assert "resuming at epoch 1 (step 1, 1 steps into the epoch)" in killed.output
     assert not (tmp_path / "model.pt").exists()
     resumed = run_train(*ONE_STEP_EPOCHS, f"hydra.run.dir={tmp_path}", "run.resume=auto", cache=cache_dir, check=True)
     assert "resuming at epoch 2" in resumed.stdout
     assert_same_run(straight(ONE_STEP_EPOCHS), tmp_path)
-
-
-class StoppedRun(NamedTuple):
-    status: int
-    output: str
-    signalled_s: float  # from the signal to the exit
-    boundary_s: float  # from "stopped by ... at step ..." (the step boundary's checkpoint and log written) to the exit
-
-
-def stop_when(
-    command: list[str], cache: Path, ready: Callable[[str], bool], signum: signal.Signals, *, group: bool
-) -> StoppedRun:
-    """Run `command` in its own process group; once `ready(output so far)` holds, send `signum` to its main
-    process, or to the whole group (as a terminal's Ctrl-C and SLURM do: the loader's workers get it too)."""
-    process = subprocess.Popen(
-        command, cwd=REPO, env=train_env(cache), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        start_new_session=True,
-    )  # fmt: skip
-    lines: list[tuple[float, str]] = []
-
-    def read() -> None:
-        for line in process.stdout:
-            lines.append((time.monotonic(), line))
-
-    reader = threading.Thread(target=read, daemon=True)
-    reader.start()
-    deadline = time.monotonic() + 300
-    while not ready("".join(line for _, line in lines)):
-        assert process.poll() is None, "the run ended before the point to stop it: " + "".join(x for _, x in lines)
-        assert time.monotonic() < deadline
-        time.sleep(0.005)
-    signalled = time.monotonic()
-    os.killpg(process.pid, signum) if group else process.send_signal(signum)
-    process.wait(timeout=120)
-    exited = time.monotonic()
-    reader.join(timeout=10)
-    boundary = next((at for at, line in lines if "stopped by" in line), math.inf)
-    return StoppedRun(process.returncode, "".join(line for _, line in lines), exited - signalled, exited - boundary)
 
 
 def last_event(log: Path) -> str:
@@ -309,7 +268,7 @@ def stopped_where(stopped: StoppedRun, steps_per_epoch: int) -> re.Match[str]:
 
 def assert_stopped_within_seconds(run_dir: Path, stopped: StoppedRun, signum: signal.Signals, where: str) -> None:
     """Stopped cleanly at `where`, within seconds of the step boundary, and no loader worker is left behind."""
-    assert_stopped_cleanly(run_dir, stopped.status, stopped.output, signum, where)
+    assert_stopped_cleanly(run_dir, stopped, signum, where)
     assert stopped.boundary_s < 10 and stopped.signalled_s < 30, stopped
     assert processes_mentioning(str(run_dir)) == []
 
@@ -399,7 +358,7 @@ def test_a_run_with_workers_stops_at_any_point_within_seconds_and_resumes_to_the
             f"{point}: {signum.name} to the {'group' if group else 'process'} stopped at {where[1]}; exit "
             f"{stopped.signalled_s:.1f} s after the signal, {stopped.boundary_s:.1f} s after the step boundary"
         )
-        assert_stopped_cleanly(tmp_path, stopped.status, stopped.output, signum, where[1])
+        assert_stopped_cleanly(tmp_path, stopped, signum, where[1])
         assert stopped.boundary_s < 10 and stopped.signalled_s < 30, (point, stopped)
         assert processes_mentioning(str(tmp_path)) == []  # no worker left behind
         command = ["sh", str(tmp_path / "resume.sh")]
