@@ -9,7 +9,7 @@ nor the file size gives the class away (tests/test_synthetic.py checks both).
 The layout is ImageNet's: ``ROOT/train/<wnid>/<wnid>_<i>.JPEG``, ``ROOT/val/<wnid>/<wnid>_val_<i>.JPEG``
 and ``ROOT/LOC_synset_mapping.txt``; ``ROOT/spec.json``, written last, marks the dataset complete. Every
 image is seeded from (seed, split, class, index), so its bytes depend neither on the other images nor on
-the number of worker processes.
+the number of worker threads.
 """
 
 import colorsys
@@ -20,9 +20,9 @@ import itertools
 import json
 import math
 import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from functools import partial
-from multiprocessing import Pool
 from pathlib import Path
 from statistics import NormalDist
 from typing import NamedTuple
@@ -93,7 +93,10 @@ def ensure_dataset(root: Path, spec: SyntheticSpec, workers: int = 0) -> Path:
     """Return ``root`` holding the dataset of ``spec``, generating it first unless it is already complete.
 
     Generation happens in a sibling directory that is renamed into place when done, so an interrupted run
-    never leaves a dataset that looks complete. ``workers`` processes render the images (0: one per CPU).
+    never leaves a dataset that looks complete. ``workers`` threads render the images (0: one per CPU).
+    Threads, not processes: PIL and NumPy release the GIL for part of the work only, so a first generation takes
+    longer (README), but forking a process that has threads of its own (rank 0 of a distributed run has gloo's)
+    may leave a child deadlocked on a lock it inherited held (CPython warns of it from 3.12): a run that hangs.
     An incomplete or outdated dataset at ``root`` is replaced; anything else there is refused.
     """
     root = Path(root)
@@ -137,12 +140,9 @@ def _generate(directory: Path, spec: SyntheticSpec, workers: int) -> None:
             for i in range(per_class):
                 path = directory / split / name / f"{name}{infix}_{i}.JPEG"
                 jobs.append(_ImageJob(path, spec.seed, split, class_index, i))
-    if workers > 1:
-        with Pool(min(workers, len(jobs))) as pool:
-            pool.map(_write_image, jobs, chunksize=8)
-    else:
-        for job in jobs:
-            _write_image(job)
+    with ThreadPoolExecutor(max(1, min(workers, len(jobs)))) as pool:
+        for _ in pool.map(_write_image, jobs):  # each result, so that a failed write raises here
+            pass
     lines = [f"{n} {d}\n" for n, d in zip(names, class_descriptions(spec), strict=True)]
     (directory / SYNSET_MAPPING).write_text("".join(lines))
     (directory / MARKER).write_text(_spec_json(spec))
