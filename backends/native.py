@@ -215,7 +215,8 @@ def norm_layer(cfg: Config) -> NormLayer:
 def optimizer_for(cfg: Config, model: nn.Module) -> torch.optim.Optimizer:
     """LARS or SGD as cfg.optim names it, over the model's MLPerf parameter groups."""
     o = cfg.optim
-    return build_optimizer(o.name, model, lr=o.base_lr, momentum=o.momentum, weight_decay=o.weight_decay, eta=o.eta)
+    hyper = {"lr": o.base_lr, "momentum": o.momentum, "weight_decay": o.weight_decay, "eta": o.eta}
+    return build_optimizer(o.name, model, **hyper, foreach=cfg.device.foreach)
 
 
 def settings(cfg: Config, device: torch.device) -> dict[str, Any]:

@@ -94,6 +94,7 @@ class DeviceConfig:
     name: str = "cpu"  # cpu | cuda | ipu_sim
     threads: int = 0  # torch intra-op threads; 0 keeps torch's default
     channels_last: bool = False
+    foreach: bool | None = None  # the optimizer step as multi-tensor ops over all parameters; None: on CUDA only
     system: System | None = None  # ipu_sim: the simulated IPU system (configs/device/<system>.yaml)
     # ipu_sim only: how a run is laid out on the system (Graphcore's PopTorch names in ../shared/reference/ipu.md)
     replicas: int = 1  # data-parallel copies of the model, over all ranks (each rank runs its share)
@@ -106,7 +107,7 @@ class DeviceConfig:
 
 # The config's options for speed on a native device, as dotted keys: the GPU check (bench/gpu/step.py) times the
 # step with all of them off, then with each one on alone. An option added for speed joins this list.
-SPEED_OPTIONS = ("device.channels_last",)
+SPEED_OPTIONS = ("device.channels_last", "device.foreach")
 
 
 @dataclass

@@ -12,12 +12,20 @@ OPTIMIZERS = ("lars", "sgd")
 
 
 def build_optimizer(
-    name: str, model: torch.nn.Module, *, lr: float, momentum: float, weight_decay: float, eta: float = 0.001
+    name: str,
+    model: torch.nn.Module,
+    *,
+    lr: float,
+    momentum: float,
+    weight_decay: float,
+    eta: float = 0.001,
+    foreach: bool | None = None,
 ) -> torch.optim.Optimizer:
-    """LARS or SGD over ``param_groups(model, weight_decay)`` (SGD ignores the groups' "trust" key)."""
+    """LARS or SGD over ``param_groups(model, weight_decay)`` (SGD ignores the groups' "trust" key); `foreach`
+    as torch's optimizers take it (None: multi-tensor ops for CUDA parameters only)."""
     if name not in OPTIMIZERS:
         raise ValueError(f"unknown optimizer {name!r}; expected one of: {', '.join(OPTIMIZERS)}")
     groups = param_groups(model, weight_decay)
     if name == "lars":
-        return LARS(groups, lr=lr, momentum=momentum, eta=eta)
-    return torch.optim.SGD(groups, lr=lr, momentum=momentum, nesterov=False)
+        return LARS(groups, lr=lr, momentum=momentum, eta=eta, foreach=foreach)
+    return torch.optim.SGD(groups, lr=lr, momentum=momentum, nesterov=False, foreach=foreach)

@@ -43,6 +43,13 @@ def test_a_cpu_backend_is_built_from_the_config_values_it_needs():
     assert (backend.grad_accum, backend.label_smoothing) == (2, 0.1)
 
 
+@pytest.mark.parametrize(("optimizer", "foreach"), [("lars", "true"), ("sgd", "false"), ("lars", "null")])
+def test_device_foreach_picks_the_optimizers_implementation(optimizer, foreach):
+    cfg = composed(f"optim={optimizer}", f"device.foreach={foreach}")
+    backend = backends.from_config(cfg, classes=4, topology=Topology())
+    assert {group["foreach"] for group in backend.optimizer.param_groups} == {cfg.device.foreach}
+
+
 def test_batchnorm_spans_the_configured_group_of_ranks():
     """DistributedBatchNorm2d over dist.bn_group_size ranks (the torchrun run of tests/test_distributed.py that
     trains to the target with it is slow); BatchNorm2d for a group of one."""
