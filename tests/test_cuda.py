@@ -29,6 +29,8 @@ from distributed.topology import Topology
 from mlperf_logs import package
 from models import batchnorm, build_resnet50
 from optim import precision
+from optim.lars import LARS
+from optim.params import param_groups
 from optim.precision import DTYPES, MixedPrecision, Policy, emulates
 from optim.stochastic_rounding import round_stochastic
 from tests import test_data
@@ -331,3 +333,29 @@ def test_the_cuda_accelerator_fields_name_this_machines_gpus() -> None:
     assert fields["accelerator_model_name"] == torch.cuda.get_device_name(0)
     assert fields["accelerators_per_node"] == str(torch.cuda.device_count())
     assert re.fullmatch(r"[1-9]\d* GB", fields["accelerator_memory_capacity"])
+
+
+# optim.lars.LARS: foreach=None takes the multi-tensor path for CUDA parameters (the CPU side: tests/test_lars.py)
+
+
+@pytest.mark.cuda
+@needs_gpu
+def test_lars_on_cuda_steps_with_multi_tensor_ops_and_a_device_lr_without_a_host_sync() -> None:
+    """The same weights as the per-parameter path, and no synchronisation (torch's sync debug mode raises on one)."""
+    torch.manual_seed(0)
+    models = [build_resnet50(10, batchnorm(0.1, 1e-5), channels_last=True).to(CUDA) for _ in range(2)]
+    models[1].load_state_dict(models[0].state_dict())
+    for model in models:
+        for p in model.parameters():
+            p.grad = torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())).to(CUDA)
+    per_param = LARS(param_groups(models[0], 5e-5), lr=1.0, foreach=False)
+    multi = LARS(param_groups(models[1], 5e-5), lr=torch.tensor(1.0, device=CUDA), foreach=None)
+    per_param.step()
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        multi.step()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    for a, b in zip(models[0].parameters(), models[1].parameters(), strict=True):
+        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-7)
