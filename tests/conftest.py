@@ -17,11 +17,12 @@ from hydra.errors import HydraException
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from assemble import open_splits
 from configs.errors import describe
 from configs.schema import Config, ConfigError, register, validate
-from data.datasets import open_dataset
 from data.split import Split
-from data.synthetic import CACHE_ENV, SyntheticSpec
+from data.synthetic import CACHE_ENV
+from distributed import Topology
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -98,8 +99,7 @@ def config_error(*overrides: str, world_size: int = 1) -> str:
 def configured_dataset(*overrides: str) -> tuple[Split, Split]:
     """The dataset train.py opens for `overrides` (the synthetic set generated first where it is missing); a
     DatasetError it raises is train.py's one line and exit status 2 (tests/test_data.py runs train.py into one)."""
-    data = composed(*overrides).data
-    return open_dataset(data.name, data.root, SyntheticSpec(**vars(data.synthetic)), data.format)
+    return open_splits(composed(*overrides), Topology())
 
 
 MARGINS: list[str] = []  # one line per convergence test, printed at the end of the session

@@ -252,5 +252,7 @@ def test_foreach_none_takes_the_per_parameter_path_for_cpu_parameters(monkeypatc
     """As torch's optimizers do: multi-tensor ops pay off on CUDA only (docstring of LARS)."""
     monkeypatch.setattr(LARS, "_step_foreach", lambda *_: pytest.fail("the foreach path ran for CPU parameters"))
     model = small_model()
+    before = [p.detach().clone() for p in model.parameters()]
     set_grads(model, np.random.default_rng(0))
     lars(model, foreach=None).step()
+    assert all(not torch.equal(p, b) for p, b in zip(model.parameters(), before, strict=True))  # it stepped
