@@ -20,6 +20,7 @@ run.mode=project are benchmark.py and projection.py.
 
 from __future__ import annotations
 
+import gc
 import math
 import os
 import sys
@@ -356,6 +357,7 @@ def eval_epochs(max_epochs: int, first: int, every: int) -> set[int]:
 
 
 if __name__ == "__main__":
+    gc.freeze()  # the imported modules live as long as the process: no collection (nor the exit) walks them again
     os.environ["HYDRA_FULL_ERROR"] = "1"  # let configuration errors reach the handler below as exceptions
     try:
         if not distributed.from_environment().is_main:

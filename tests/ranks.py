@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import pickle
 import socket
 import tempfile
@@ -48,6 +49,7 @@ def _rank_main(
     args: tuple[Any, ...],
     timeout_s: float,
 ) -> None:
+    gc.freeze()  # what this rank imported lives until it exits: its exit need not walk it (a second per rank)
     torch.set_num_threads(1)
     dist.init_process_group(
         "gloo",

@@ -128,17 +128,19 @@ status() {
   case $(node_state) in idle | mixed | allocated | completing) return 0 ;; *) return 1 ;; esac
 }
 
-stop_started() {  # the daemons in $STATE/started, newest first, and only if they are still those processes
-  [ -f "$STATE/started" ] || return 0
-  local name pid
-  tac "$STATE/started" | while read -r name pid; do
-    [ "$(cat "/proc/$pid/comm" 2>/dev/null)" = "$name" ] || continue
-    kill "$pid"
+stop_started() {  # the daemons in $STATE/started, and only if they are still those processes: all at once, as
+  [ -f "$STATE/started" ] || return 0  # each takes about 2 s to stop
+  local name pid pids=()
+  while read -r name pid; do
+    [ "$(cat "/proc/$pid/comm" 2>/dev/null)" = "$name" ] && pids+=("$pid")
+  done <"$STATE/started"
+  if [ ${#pids[@]} -gt 0 ]; then
+    kill "${pids[@]}"
     for _ in $(seq 100); do
-      kill -0 "$pid" 2>/dev/null || break
+      kill -0 "${pids[@]}" 2>/dev/null || break
       sleep 0.1
     done
-  done
+  fi
   rm -f "$STATE/started"
 }
 
