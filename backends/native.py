@@ -62,21 +62,37 @@ class NativeBackend:
         seed: int = 0,
         bucket_mb: float | None = None,
         overlap: bool = False,
+        batchnorm_16bit: bool = False,
+        compiled: bool = False,
     ) -> None:
         self.model = model.to(device)
+        if compiled:
+            self.model.compile()  # in place: the state_dict keeps its keys; the first steps compile
         broadcast_from_main(self.model.state_dict().values())  # every rank starts from rank 0's weights
         self.optimizer = optimizer
         self.device = device
         self.label_smoothing = label_smoothing
         self.grad_accum = grad_accum
-        self.precision = MixedPrecision(policy or Policy(), self.model, device, seed)
+        self.precision = MixedPrecision(policy or Policy(), self.model, device, seed, batchnorm_16bit)
         self.params = [p for group in optimizer.param_groups for p in group["params"]]
+        self.lr = self.shared_lr(optimizer, device)
         several_ranks = dist.is_initialized() and dist.get_world_size() > 1
         self.gradients = (
             GradientBuckets(self.params, bucket_mb=bucket_mb, overlap=overlap)
             if several_ranks
             else LocalGradients(optimizer)
         )
+
+    @staticmethod
+    def shared_lr(optimizer: torch.optim.Optimizer, device: torch.device) -> torch.Tensor | None:
+        """A 0-dim device tensor that every group's lr is, for an optimizer that takes one without reading it
+        back (those that also skip steps on the device: LARS, fused SGD); None for any other."""
+        if not getattr(optimizer, "_step_supports_amp_scaling", False):
+            return None
+        lr = torch.zeros((), device=device)
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        return lr
 
     @classmethod
     def from_config(cls, cfg: Config, classes: int, topology: Topology) -> Self:
@@ -115,19 +131,30 @@ class NativeBackend:
         return self.gradients.waited.seconds
 
     def train_step(self, images: torch.Tensor, labels: torch.Tensor, lr: float) -> torch.Tensor:
+        """One weight update; returns the mean loss on the device. Nothing is read back to the host where the
+        optimizer takes its lr and loss scaling's verdict on the device (LARS, fused SGD)."""
         self.model.train()
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
+        self.set_lr(lr)
         self.gradients.zero_()
         images = images.to(self.device, non_blocking=True)
         labels = labels.to(self.device, non_blocking=True)
         passes = self.forward_passes(images, labels)
         total = self.run_passes(passes)
         self.gradients.reduce()
-        if self.precision.gradients_ready(self.params):
+        if self.precision.gradients_ready(self.params, self.optimizer):
             self.optimizer.step()
             self.precision.after_update()
         return total / len(passes)
+
+    def set_lr(self, lr: float) -> None:
+        """The step's lr: written into a device tensor the optimizer's groups share where it takes one (the value
+        travels with the queued work; a CUDA graph replays it), a float for torch's unfused optimizers, which
+        would read a tensor back."""
+        if self.lr is None:
+            for group in self.optimizer.param_groups:
+                group["lr"] = lr
+            return
+        self.lr.fill_(lr)
 
     def run_passes(self, passes: list[Pass]) -> torch.Tensor:
         """Forward and backward of every pass, one after another, with `gradients.arm()` before the last
@@ -178,7 +205,8 @@ class NativeBackend:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        self.optimizer.load_state_dict(state["optimizer"])  # its groups' lr: the saved ones, replaced next step
+        self.lr = self.shared_lr(self.optimizer, self.device)
         self.precision.load_state_dict(state["precision"])
 
     def rank_state_dict(self) -> dict[str, Any]:
@@ -228,4 +256,6 @@ def settings(cfg: Config, device: torch.device) -> dict[str, Any]:
         "seed": cfg.run.seed * 1_000_003,  # one rounding stream on every rank: replicas keep identical weights
         "bucket_mb": cfg.dist.bucket_mb,
         "overlap": cfg.dist.overlap,
+        "batchnorm_16bit": cfg.device.bn_16bit_input,
+        "compiled": cfg.device.compile,
     }

@@ -95,6 +95,10 @@ class DeviceConfig:
     threads: int = 0  # torch intra-op threads; 0 keeps torch's default
     channels_last: bool = False
     foreach: bool | None = None  # the optimizer step as multi-tensor ops over all parameters; None: on CUDA only
+    # native 16-bit compute: BatchNorm takes the 16-bit activations as they are (statistics and weights in fp32
+    # inside its kernel) instead of a copy cast to fp32 first
+    bn_16bit_input: bool = False
+    compile: bool = False  # torch.compile the model (its forward and backward; the first steps compile)
     system: System | None = None  # ipu_sim: the simulated IPU system (configs/device/<system>.yaml)
     # ipu_sim only: how a run is laid out on the system (Graphcore's PopTorch names in ../shared/reference/ipu.md)
     replicas: int = 1  # data-parallel copies of the model, over all ranks (each rank runs its share)
@@ -107,7 +111,7 @@ class DeviceConfig:
 
 # The config's options for speed on a native device, as dotted keys: the GPU check (bench/gpu/step.py) times the
 # step with all of them off, then with each one on alone. An option added for speed joins this list.
-SPEED_OPTIONS = ("device.channels_last", "device.foreach")
+SPEED_OPTIONS = ("device.channels_last", "device.foreach", "device.bn_16bit_input", "device.compile")
 
 
 @dataclass
@@ -327,6 +331,7 @@ def _validate_ipu(device: DeviceConfig, dist: DistConfig, shape: BatchShape) -> 
     system = device.system
     if system is None:
         raise ConfigError("device", "ipu_sim needs a system: device=ipu_pod16, ipu_pod64, ...")
+    _require(not device.compile, "device.compile", "a simulated IPU runs eager: compile is for device=cpu or cuda")
     _require(device.replicas >= 1, "device.replicas", f"must be 1 or more, got {device.replicas}")
     _require(
         device.replicas % shape.ranks == 0,

@@ -5,6 +5,7 @@ import torch
 from optim.lars import LARS
 from optim.params import param_groups
 from optim.schedule import Schedule, learning_rate
+from optim.sgd import FusedSGD
 
 __all__ = ["LARS", "Schedule", "build_optimizer", "learning_rate"]
 
@@ -21,11 +22,15 @@ def build_optimizer(
     eta: float = 0.001,
     foreach: bool | None = None,
 ) -> torch.optim.Optimizer:
-    """LARS or SGD over ``param_groups(model, weight_decay)`` (SGD ignores the groups' "trust" key); `foreach`
-    as torch's optimizers take it (None: multi-tensor ops for CUDA parameters only)."""
+    """LARS or SGD over ``param_groups(model, weight_decay)`` (SGD ignores the groups' "trust" key). `foreach`:
+    True, the step as multi-tensor kernels (SGD: torch's fused one, which also takes a device lr and skips a step
+    on the device as LARS does); False, per parameter; None, multi-tensor for CUDA parameters only (SGD: torch's
+    foreach, whose tensor lr and skips are read on the host)."""
     if name not in OPTIMIZERS:
         raise ValueError(f"unknown optimizer {name!r}; expected one of: {', '.join(OPTIMIZERS)}")
     groups = param_groups(model, weight_decay)
     if name == "lars":
         return LARS(groups, lr=lr, momentum=momentum, eta=eta, foreach=foreach)
+    if foreach:
+        return FusedSGD(groups, lr=lr, momentum=momentum)
     return torch.optim.SGD(groups, lr=lr, momentum=momentum, nesterov=False, foreach=foreach)

@@ -57,8 +57,13 @@ class LARS(torch.optim.Optimizer):
     ``None`` picks for CPU parameters, as torch's own optimizers do: on the CPU the multi-tensor ops loop over the
     tensors anyway, and each op passing over all of the weights in turn keeps none of them in cache.
     ``lr`` may be a 0-dim tensor on the parameters' device: neither path reads a tensor back to the host, so a
-    step can be captured in a CUDA graph with the lr updated in place.
+    step can be captured in a CUDA graph with the lr updated in place. Loss scaling's verdict is taken as torch's
+    GradScaler hands it to fused optimizers (``_step_supports_amp_scaling``): a 0-dim ``found_inf`` attribute,
+    1 where some gradient was not finite, in which case the step leaves weights and momentum as they were,
+    decided on the device.
     """
+
+    _step_supports_amp_scaling = True
 
     def __init__(
         self,
@@ -104,14 +109,15 @@ class LARS(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        skip = getattr(self, "found_inf", None)  # GradScaler's attribute for optimizers that skip on the device
         for group in self.param_groups:
             params = [p for p in group["params"] if p.grad is not None]
             for bucket in _by_device_and_dtype(params):
                 if group["foreach"] or (group["foreach"] is None and bucket[0].is_cuda):
-                    self._step_foreach(group, bucket)
+                    self._step_foreach(group, bucket, skip)
                 else:
                     for p in bucket:
-                        self._step_one(group, p)
+                        self._step_one(group, p, skip)
         return loss
 
     def _momentum_buffer(self, p: torch.Tensor) -> torch.Tensor:
@@ -122,7 +128,7 @@ class LARS(torch.optim.Optimizer):
         buf: torch.Tensor = state["momentum_buffer"]
         return buf
 
-    def _step_one(self, group: dict[str, Any], p: torch.Tensor) -> None:
+    def _step_one(self, group: dict[str, Any], p: torch.Tensor, skip: torch.Tensor | None) -> None:
         """The reference equations for one parameter."""
         grad, wd = _grad(p), group["weight_decay"]
         update = grad.add(p, alpha=wd)
@@ -130,14 +136,12 @@ class LARS(torch.optim.Optimizer):
             update.mul_(group["lr"] * _trust_ratio(_norm(p), _norm(grad), group["eta"], wd))
         else:
             update.mul_(group["lr"])
-        buf = self._momentum_buffer(p)
-        buf.mul_(group["momentum"]).add_(update)
-        p.sub_(buf)
+        _momentum_then_weights([p], [self._momentum_buffer(p)], [update], group["momentum"], skip)
 
-    def _step_foreach(self, group: dict[str, Any], params: list[torch.Tensor]) -> None:
+    def _step_foreach(self, group: dict[str, Any], params: list[torch.Tensor], skip: torch.Tensor | None) -> None:
         """The same equations for params of one device and dtype, each op over all of them at once."""
         grads, wd = [_grad(p) for p in params], group["weight_decay"]
-        updates = torch._foreach_add(grads, params, alpha=wd)
+        updates = list(torch._foreach_add(grads, params, alpha=wd))
         if group["trust"]:
             dtype = _accumulation_dtype(params[0].dtype)
             w_norm = torch.stack(torch._foreach_norm(params, 2, dtype=dtype))
@@ -147,6 +151,25 @@ class LARS(torch.optim.Optimizer):
         else:
             torch._foreach_mul_(updates, group["lr"])
         bufs = [self._momentum_buffer(p) for p in params]
-        torch._foreach_mul_(bufs, group["momentum"])
+        _momentum_then_weights(params, bufs, updates, group["momentum"], skip)
+
+
+def _momentum_then_weights(
+    params: list[torch.Tensor],
+    bufs: list[torch.Tensor],
+    updates: list[torch.Tensor],
+    momentum: float,
+    skip: torch.Tensor | None,
+) -> None:
+    """v <- momentum * v + update, then w <- w - v; neither changes where the 0-dim `skip` is nonzero (its
+    updates may be inf or NaN, so it is a select, one per parameter, not a product)."""
+    if skip is None:
+        torch._foreach_mul_(bufs, momentum)
         torch._foreach_add_(bufs, updates)
         torch._foreach_sub_(params, bufs)
+        return
+    skipped = skip.bool()
+    moved = torch._foreach_mul(bufs, momentum)
+    torch._foreach_add_(moved, updates)
+    torch._foreach_copy_(bufs, [torch.where(skipped, buf, new) for buf, new in zip(bufs, moved, strict=True)])
+    torch._foreach_sub_(params, [torch.where(skipped, 0.0, buf) for buf in bufs])

@@ -15,10 +15,14 @@ A policy is applied to a model by `MixedPrecision`:
   optimizer's fp32 result is rounded back, stochastically (unbiased, seeded per rank) or to nearest. Only
   convolution and linear weights have 16-bit masters.
 - BatchNorm (statistics and parameters), the loss and the optimizer's arithmetic run in fp32 under every
-  policy: BatchNorm's input is cast to fp32 by a hook, its parameters are never cast.
+  policy: BatchNorm's input is cast to fp32 by a hook, its parameters are never cast. With `batchnorm_16bit`,
+  native 16-bit compute gives BatchNorm its 16-bit input as it is: PyTorch's CPU and CUDA kernels (cuDNN's for
+  fp16) accumulate the statistics in fp32 with fp32 weights, and return the input's dtype, which the next
+  convolution would cast to anyway; the cast and its saved fp32 copy are what it spares.
 - Loss scaling multiplies the loss before backward and divides the gradients after it. Dynamic scaling skips
   an update whose gradients are not finite, halves the scale, and doubles it after `growth_interval` good
-  updates; checking them is one host sync per update (none without loss scaling).
+  updates. An optimizer that skips on the device (LARS, fused SGD) is told, and the step reads nothing back;
+  with any other, the check is one host sync per update.
 """
 
 from __future__ import annotations
@@ -83,57 +87,78 @@ class Policy(PrecisionConfig):
 
 
 class LossScaler:
-    """Static or dynamic loss scaling, with the count of skipped updates for the metrics."""
+    """Static or dynamic loss scaling, kept on the device: the scale, the good updates towards doubling it and the
+    skipped ones (in a row, and in all) are tensors each update changes without reading them back."""
 
-    def __init__(self, mode: str, init_scale: float, growth_interval: int, max_skipped: int) -> None:
+    def __init__(
+        self, mode: str, init_scale: float, growth_interval: int, max_skipped: int, device: torch.device
+    ) -> None:
         self.mode = mode
-        self.scale = init_scale if mode != "none" else 1.0
         self.growth_interval = growth_interval
         self.max_skipped = max_skipped
-        self.good_steps = 0
-        self.skipped_in_a_row = 0
-        self.skipped = 0
+        self.scale_tensor = torch.full((), init_scale if mode != "none" else 1.0, device=device)
+        self.good_steps = torch.zeros((), dtype=torch.int32, device=device)  # torch's growth tracker is int32
+        self.skipped_in_a_row = torch.zeros((), dtype=torch.int64, device=device)
+        self.skipped_tensor = torch.zeros((), dtype=torch.int64, device=device)
+        self.unchecked = 0  # updates since the skips in a row were last read
 
     @property
     def enabled(self) -> bool:
         return self.mode != "none"
 
-    def update(self, finite: bool) -> None:
-        """Account for one update attempt; raise NonFiniteLoss after `max_skipped` skips in a row."""
-        if finite:
-            self.skipped_in_a_row = 0
-            self.good_steps += 1
-            if self.mode == "dynamic" and self.good_steps >= self.growth_interval:
-                self.scale *= 2.0
-                self.good_steps = 0
-            return
-        self.skipped += 1
-        self.skipped_in_a_row += 1
-        self.good_steps = 0
+    @property
+    def scale(self) -> float:
+        return float(self.scale_tensor)
+
+    @property
+    def skipped(self) -> int:
+        return int(self.skipped_tensor)
+
+    def update(self, found_inf: torch.Tensor) -> None:
+        """Account for one update attempt (`found_inf` 1: skipped): a skip halves a dynamic scale, and
+        `growth_interval` good updates in a row double it, as torch's GradScaler does, on the device."""
         if self.mode == "dynamic":
-            self.scale /= 2.0
-        if self.skipped_in_a_row >= self.max_skipped:
-            raise NonFiniteLoss(
-                f"{self.skipped_in_a_row} updates in a row had non-finite gradients (loss scale now {self.scale:g})"
-            )
+            torch._amp_update_scale_(self.scale_tensor, self.good_steps, found_inf, 2.0, 0.5, self.growth_interval)
+        skipped = found_inf.to(torch.int64)
+        self.skipped_tensor.add_(skipped)
+        self.skipped_in_a_row.add_(skipped).mul_(skipped)  # +1 on a skip, back to 0 on a good update
+        self.unchecked += 1
+
+    def check(self, every: int = 1) -> None:
+        """Every `every` updates, read the skips in a row (a host sync): NonFiniteLoss after `max_skipped`."""
+        if self.unchecked < every:
+            return
+        self.unchecked = 0
+        in_a_row = int(self.skipped_in_a_row)
+        if in_a_row >= self.max_skipped:
+            raise NonFiniteLoss(f"{in_a_row} updates in a row had non-finite gradients (loss scale now {self.scale:g})")
 
     def state_dict(self) -> dict[str, Any]:
-        return {k: getattr(self, k) for k in ("scale", "good_steps", "skipped_in_a_row", "skipped")}
+        tensors = (self.scale_tensor, self.good_steps, self.skipped_in_a_row, self.skipped_tensor)
+        return {k: t.item() for k, t in zip(STATE_KEYS, tensors, strict=True)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        for key, value in state.items():
-            setattr(self, key, value)
+        tensors = (self.scale_tensor, self.good_steps, self.skipped_in_a_row, self.skipped_tensor)
+        for key, tensor in zip(STATE_KEYS, tensors, strict=True):
+            tensor.fill_(state[key])
+
+
+STATE_KEYS = ("scale", "good_steps", "skipped_in_a_row", "skipped")  # LossScaler's checkpoint, as numbers
 
 
 class MixedPrecision:
     """A policy bound to one model: forward, backward, gradient checks and the rounding of master weights."""
 
-    def __init__(self, policy: Policy, model: nn.Module, device: torch.device, seed: int) -> None:
+    def __init__(
+        self, policy: Policy, model: nn.Module, device: torch.device, seed: int, batchnorm_16bit: bool = False
+    ) -> None:
         self.policy = policy
         self.device = device
         self.compute = DTYPES[policy.compute]
         self.master = DTYPES[policy.master]
-        self.scaler = LossScaler(policy.loss_scaling, policy.init_scale, policy.growth_interval, policy.max_skipped)
+        self.scaler = LossScaler(
+            policy.loss_scaling, policy.init_scale, policy.growth_interval, policy.max_skipped, device
+        )
         self.generator = torch.Generator(device).manual_seed(seed)  # the stochastic-rounding stream of this rank
         self.streams: Sequence[torch.Generator] = ()  # emulated outputs round with these, one per batch share
         self.low_precision = {
@@ -142,8 +167,9 @@ class MixedPrecision:
             if isinstance(module, LOW_PRECISION_LAYERS)
             for name, param in module.named_parameters(recurse=False)
         }
+        native_16bit = self.compute != torch.float32 and not policy.emulated
         for module in model.modules():
-            if isinstance(module, nn.modules.batchnorm._BatchNorm):
+            if isinstance(module, nn.modules.batchnorm._BatchNorm) and not (batchnorm_16bit and native_16bit):
                 module.register_forward_pre_hook(_inputs_in_fp32)
             if policy.emulated and isinstance(module, ROUNDED_LAYERS):
                 module.register_forward_hook(self._output_rounded)
@@ -187,19 +213,26 @@ class MixedPrecision:
         return torch.autocast(self.device.type, dtype=self.compute)
 
     def backward(self, loss: torch.Tensor) -> None:
-        (loss * self.scaler.scale if self.scaler.enabled else loss).backward()
+        (loss * self.scaler.scale_tensor if self.scaler.enabled else loss).backward()
 
-    def gradients_ready(self, params: list[torch.Tensor]) -> bool:
-        """Unscale the gradients; False (and no update) when loss scaling found one that is not finite."""
+    def gradients_ready(self, params: list[torch.Tensor], optimizer: torch.optim.Optimizer) -> bool:
+        """Unscale the gradients; False (and no update) when loss scaling found one that is not finite.
+
+        An optimizer that skips a step on the device (torch's `_step_supports_amp_scaling`: LARS, fused SGD) is
+        handed the verdict as GradScaler hands it, and the step reads nothing back; the skips in a row are read
+        every `max_skipped` updates. Any other optimizer's step waits for the verdict on the host."""
         if not self.scaler.enabled:
             return True
         grads = [p.grad for p in params if p.grad is not None]
         found_inf = torch.zeros((), device=self.device)
-        inv_scale = torch.full((), 1.0 / self.scaler.scale, device=self.device)
-        torch._amp_foreach_non_finite_check_and_unscale_(grads, found_inf, inv_scale)
-        finite = not bool(found_inf)  # the one host sync of a loss-scaled step
-        self.scaler.update(finite)
-        return finite
+        torch._amp_foreach_non_finite_check_and_unscale_(grads, found_inf, self.scaler.scale_tensor.reciprocal())
+        self.scaler.update(found_inf)
+        if getattr(optimizer, "_step_supports_amp_scaling", False):
+            optimizer.found_inf = found_inf  # type: ignore[attr-defined]
+            self.scaler.check(every=self.scaler.max_skipped)
+            return True
+        self.scaler.check()
+        return not bool(found_inf)  # the host sync of a loss-scaled step
 
     @torch.no_grad()
     def after_update(self) -> None:

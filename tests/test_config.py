@@ -22,6 +22,7 @@ from tests.conftest import config_error, configured_dataset, run_train
         (["optim.weight_decay=3e-4"], "optim.weight_decay: closed division allows 0.0001 * 2^N"),
         (["mlperf.first_eval=5"], "mlperf.first_eval: must be in [1, mlperf.eval_every=1]"),
         (["data.synthetic.classes=300"], "data.synthetic.classes: must be in [2, 256], got 300"),
+        (["device=ipu_pod16", "device.compile=true"], "device.compile: a simulated IPU runs eager"),
     ],
 )
 def test_a_bad_value_is_told_in_one_line_naming_the_key(overrides, message):

@@ -222,11 +222,13 @@ def test_stochastic_rounding_on_cuda_is_unbiased_and_seeded(dtype: torch.dtype, 
 CUDA_POLICIES = {name: replace(p, emulated=name.endswith("emulated")) for name, p in POLICIES.items()}
 
 
-def resnet_on_cuda(policy: Policy, seed: int = 0) -> NativeBackend:
+def resnet_on_cuda(policy: Policy, seed: int = 0, batchnorm_16bit: bool = False) -> NativeBackend:
     torch.manual_seed(0)
     model = build_resnet50(10, batchnorm(0.1, 1e-5), channels_last=True)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    return NativeBackend(model, optimizer, CUDA, label_smoothing=0.1, policy=policy, seed=seed)
+    return NativeBackend(
+        model, optimizer, CUDA, label_smoothing=0.1, policy=policy, seed=seed, batchnorm_16bit=batchnorm_16bit
+    )
 
 
 def images_and_labels(seed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -237,10 +239,11 @@ def images_and_labels(seed: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 @pytest.mark.cuda
 @needs_gpu
+@pytest.mark.parametrize("batchnorm_16bit", [False, True], ids=["bn fp32 input", "bn 16-bit input"])
 @pytest.mark.parametrize("name", CUDA_POLICIES)
-def test_resnet50_trains_on_cuda_under_every_policy(name: str) -> None:
+def test_resnet50_trains_on_cuda_under_every_policy(name: str, batchnorm_16bit: bool) -> None:
     policy = CUDA_POLICIES[name]
-    backend = resnet_on_cuda(policy)
+    backend = resnet_on_cuda(policy, batchnorm_16bit=batchnorm_16bit)
     before = {k: v.clone() for k, v in backend.model.state_dict().items()}
     steps = 3
     for step in range(steps):
@@ -267,15 +270,19 @@ def test_resnet50_evaluates_on_cuda() -> None:
 @pytest.mark.cuda
 @needs_gpu
 @pytest.mark.parametrize("compute", ["fp32", "bf16", "fp16"])
-def test_autocast_on_cuda_computes_in_the_policy_dtype_and_batchnorm_in_fp32(compute: str) -> None:
+@pytest.mark.parametrize("batchnorm_16bit", [False, True])
+def test_autocast_on_cuda_computes_in_the_policy_dtype_and_batchnorm_as_configured(
+    compute: str, batchnorm_16bit: bool
+) -> None:
     model = TinyNet().to(CUDA)
-    mixed = MixedPrecision(Policy(compute, compute=compute), model, CUDA, seed=0)
+    mixed = MixedPrecision(Policy(compute, compute=compute), model, CUDA, seed=0, batchnorm_16bit=batchnorm_16bit)
     seen: dict[str, torch.dtype] = {}
     model.conv.register_forward_hook(lambda m, inputs, output: seen.update(conv=output.dtype))
     model.bn.register_forward_hook(lambda m, inputs, output: seen.update(bn=inputs[0].dtype))
     images = torch.randint(0, 256, (2, 8, 8, 3), dtype=torch.uint8, device=CUDA)
     logits = mixed.forward(model, images)
-    assert seen == {"conv": DTYPES[compute], "bn": torch.float32} and logits.dtype == DTYPES[compute]
+    bn_input = DTYPES[compute] if batchnorm_16bit else torch.float32
+    assert seen == {"conv": DTYPES[compute], "bn": bn_input} and logits.dtype == DTYPES[compute]
 
 
 # checkpoints (backends/checkpoint.py): the global CUDA generators and the stochastic-rounding stream
@@ -359,3 +366,23 @@ def test_lars_on_cuda_steps_with_multi_tensor_ops_and_a_device_lr_without_a_host
         torch.cuda.set_sync_debug_mode("default")
     for a, b in zip(models[0].parameters(), models[1].parameters(), strict=True):
         torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.cuda
+@needs_gpu
+@pytest.mark.parametrize("name", ["fp32", "bf16", "fp16.32", "bf16.16"])
+def test_a_resnet50_step_on_cuda_never_waits_for_the_host(name: str) -> None:
+    """The harness's step with LARS (the lr and loss scaling's verdict on the device) under sync debug mode."""
+    torch.manual_seed(0)
+    model = build_resnet50(10, batchnorm(0.1, 1e-5), channels_last=True)
+    optimizer = LARS(param_groups(model, 5e-5), lr=0.1, foreach=None)
+    backend = NativeBackend(model, optimizer, CUDA, label_smoothing=0.1, policy=CUDA_POLICIES[name])
+    batches = [tuple(t.to(CUDA) for t in images_and_labels(step)) for step in range(3)]
+    backend.train_step(*batches[0], lr=0.1)  # creates the momentum buffers; cuDNN picks its kernels
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        losses = [backend.train_step(*batch, lr=0.1) for batch in batches[1:]]
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert all(bool(torch.isfinite(loss)) for loss in losses)

@@ -6,14 +6,20 @@ import io
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from functools import partial
+from typing import Any
 
 import pytest
 import torch
 from torch import nn
 
 from backends.native import NativeBackend
-from optim.precision import NonFiniteLoss, Policy, emulates
+from optim.lars import LARS
+from optim.params import param_groups
+from optim.precision import DTYPES, NonFiniteLoss, Policy, emulates
+from optim.sgd import FusedSGD
 from tests.conftest import REPO
 
 POLICIES = {
@@ -44,11 +50,43 @@ class TinyNet(nn.Module):
         return self.fc(self.pool(self.relu(self.bn(self.conv(x)))).flatten(1))
 
 
-def backend_for(policy: Policy, seed: int = 0, lr_model_seed: int = 0) -> NativeBackend:
+OPTIMIZERS = {  # the optimizer a step takes loss scaling's verdict to: on the host (sgd) or on the device
+    "sgd": partial(torch.optim.SGD, momentum=0.9),
+    "fused sgd": partial(FusedSGD, momentum=0.9),
+    "lars": partial(LARS, momentum=0.9, foreach=False),
+    "lars foreach": partial(LARS, momentum=0.9, foreach=True),
+}
+
+
+def backend_for(
+    policy: Policy, seed: int = 0, lr_model_seed: int = 0, batchnorm_16bit: bool = False, optimizer: str = "sgd"
+) -> NativeBackend:
     torch.manual_seed(lr_model_seed)
     model = TinyNet()
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    return NativeBackend(model, optimizer, torch.device("cpu"), label_smoothing=0.1, policy=policy, seed=seed)
+    cpu = torch.device("cpu")
+    optimizer = OPTIMIZERS[optimizer](param_groups(model, 5e-5), lr=0.1)
+    return NativeBackend(
+        model, optimizer, cpu, label_smoothing=0.1, policy=policy, seed=seed, batchnorm_16bit=batchnorm_16bit
+    )
+
+
+HOST_READS = ("item", "tolist", "numpy", "__bool__", "__float__", "__int__", "__index__", "__array__")
+
+
+@contextmanager
+def host_reads() -> Iterator[list[str]]:
+    """The names of the Tensor methods that read a value back to the host, called while entered."""
+    reads: list[str] = []
+    with pytest.MonkeyPatch.context() as patch:
+        for name in HOST_READS:
+            original = getattr(torch.Tensor, name)
+
+            def counted(self: torch.Tensor, *args: Any, _name: str = name, _original: Any = original) -> Any:
+                reads.append(_name)
+                return _original(self, *args)
+
+            patch.setattr(torch.Tensor, name, counted)
+        yield reads
 
 
 def batch(seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -89,6 +127,23 @@ def test_16_bit_masters_stay_on_their_grid_and_batchnorm_stays_fp32(name):
     grid = {"fp16": torch.float16, "bf16": torch.bfloat16}[policy.master]
     assert on_grid(backend.model.conv.weight, grid) and on_grid(backend.model.fc.weight, grid)
     assert not on_grid(backend.model.bn.weight, grid)  # BatchNorm keeps fp32 masters
+
+
+@pytest.mark.parametrize("name", POLICIES)
+def test_batchnorm_16bit_takes_native_16_bit_activations_as_they_are_and_steps_as_the_cast_does(name):
+    policy = POLICIES[name]
+    cast, as_is = backend_for(policy), backend_for(policy, batchnorm_16bit=True)
+    seen: list[torch.dtype] = []
+    as_is.model.bn.register_forward_hook(lambda m, inputs, output: seen.extend([inputs[0].dtype, output.dtype]))
+    losses = [backend.train_step(*batch(), lr=0.1) for backend in (cast, as_is)]
+    native_16bit = policy.compute != "fp32" and not policy.emulated  # emulated activations are fp32 already
+    assert seen == [DTYPES[policy.compute] if native_16bit else torch.float32] * 2
+    bn = as_is.model.bn
+    assert {t.dtype for t in (bn.weight, bn.bias, bn.weight.grad, bn.running_mean, bn.running_var)} == {torch.float32}
+    assert losses[1].dtype == torch.float32
+    torch.testing.assert_close(losses[1], losses[0], rtol=1e-2, atol=0)  # one bf16 rounding of BatchNorm's output
+    for theirs, ours in zip(cast.model.parameters(), as_is.model.parameters(), strict=True):
+        torch.testing.assert_close(ours, theirs, rtol=2**-7, atol=1e-3)  # 16-bit masters: a rounding may flip
 
 
 def test_emulated_fp16_rounds_every_layer_output_to_fp16():
@@ -203,11 +258,31 @@ def poison_next_gradient(param: nn.Parameter) -> None:
     handle = param.register_hook(to_inf)
 
 
-def test_dynamic_loss_scaling_skips_a_non_finite_update_halves_and_regrows_the_scale():
+@pytest.mark.parametrize("optimizer", ["fused sgd", "lars", "lars foreach"])
+@pytest.mark.parametrize("name", POLICIES)
+def test_a_step_reads_nothing_back_to_the_host(name, optimizer):
+    backend = backend_for(POLICIES[name], optimizer=optimizer)
+    backend.train_step(*batch(0), lr=0.1)  # the first step creates the optimizer's state
+    for step in (1, 2):
+        with host_reads() as reads:
+            loss = backend.train_step(*batch(step), lr=0.1 / step)
+        assert reads == [], step
+    assert 0 < float(loss) < 10 and backend.skipped_steps == 0
+
+
+def test_host_reads_are_counted():  # the control: the host path of loss scaling reads its verdict
+    backend = backend_for(POLICIES["fp16.32"], optimizer="sgd")
+    with host_reads() as reads:
+        backend.train_step(*batch(), lr=0.1)
+    assert "__bool__" in reads
+
+
+@pytest.mark.parametrize("optimizer", OPTIMIZERS)
+def test_dynamic_loss_scaling_skips_a_non_finite_update_halves_and_regrows_the_scale(optimizer):
     policy = Policy(
         "fp16.32", compute="fp16", loss_scaling="dynamic", emulated=True, init_scale=1024.0, growth_interval=2
     )
-    backend = backend_for(policy)
+    backend = backend_for(policy, optimizer=optimizer)
     before = [p.detach().clone() for p in backend.model.parameters()]
     poison_next_gradient(backend.model.fc.weight)
     backend.train_step(*batch(), lr=0.1)
@@ -219,9 +294,10 @@ def test_dynamic_loss_scaling_skips_a_non_finite_update_halves_and_regrows_the_s
     assert (backend.loss_scale, backend.skipped_steps) == (1024.0, 1)  # two good updates: doubled
 
 
-def test_a_gradient_that_stays_non_finite_stops_the_run():
+@pytest.mark.parametrize("optimizer", ["sgd", "lars"])
+def test_a_gradient_that_stays_non_finite_stops_the_run(optimizer):
     policy = Policy("fp16.32", compute="fp16", loss_scaling="dynamic", emulated=True, max_skipped=3)
-    backend = backend_for(policy)
+    backend = backend_for(policy, optimizer=optimizer)
     with pytest.raises(NonFiniteLoss, match="3 updates in a row"):
         for step in range(3):
             poison_next_gradient(backend.model.fc.weight)

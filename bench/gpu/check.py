@@ -91,7 +91,7 @@ STAGES = (
     bench_stage("env", 60, "bench.gpu.env"),
     Stage("tests", 120, cuda_tests, "tests.xml", junit_counts),
     bench_stage("smoke", 120, "bench.gpu.smoke"),
-    bench_stage("step", 200, "bench.gpu.step"),
+    bench_stage("step", 300, "bench.gpu.step"),
     bench_stage("loader", 100, "bench.gpu.pipeline", "loader"),
     bench_stage("e2e", 90, "bench.gpu.pipeline", "e2e"),
 )

@@ -23,9 +23,10 @@ import backends
 from assemble import make_loader, open_splits
 from bench import photos
 from bench.gpu import stage
-from bench.gpu.step import CLASSES, PRECISIONS
+from bench.gpu import step as step_stage
+from bench.gpu.step import CLASSES
 from bench.loader import endless, throughput
-from configs.schema import SPEED_OPTIONS, Config
+from configs.schema import Config
 from distributed import Topology
 
 # ImageNet's most common sizes (width x height), with qualities spread over the 75 to 95 its files were saved at.
@@ -90,16 +91,9 @@ def _measured(work: Path, stage_name: str) -> stage.Figures:
 
 
 def fastest(work: Path) -> list[str]:
-    """The overrides of the fastest harness step the `step` stage measured (its precision, and each speed option
-    that beat the base row), with the worker count the `loader` stage found fastest (their figures in WORK)."""
-    rows = _measured(work, "step").get("rows", {})
-
-    def rate(name: str) -> float:
-        row = rows.get(name)
-        return row["img_s"] if isinstance(row, dict) else 0.0
-
-    overrides = [f"precision={PRECISIONS[max(PRECISIONS, key=rate)]}"]
-    overrides += [f"{option}={str(rate('+' + option) > rate('base')).lower()}" for option in SPEED_OPTIONS]
+    """The overrides of the fastest harness step the `step` stage measured (step_stage.best), with the worker count the
+    `loader` stage found fastest (their figures in WORK)."""
+    overrides = step_stage.best(_measured(work, "step").get("rows", {}))
     workers = _measured(work, "loader").get("img_s_by_workers")
     if workers:
         overrides.append(f"data.workers={max(workers, key=workers.get)}")

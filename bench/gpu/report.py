@@ -57,6 +57,8 @@ def _step(step: Figures) -> list[str]:
     ]
     for name, row in rows.items():
         what = STEP_NOTES.get(name, f"harness bf16, speed options off but {name[1:]}")
+        if name == "best":
+            what = f"harness, the fastest measured: {' '.join(map(str, step.get('best', [])))}"
         if isinstance(row, str):
             lines.append(f"| {name} | {row} | | | {what} |")
             continue

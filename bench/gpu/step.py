@@ -11,6 +11,7 @@ timed ones), with its peak GPU memory:
   sgd            the harness in bf16 with optim=sgd: the bare loop's optimizer
   base, +OPTION  the harness in bf16 with every speed option of the config off, then each one on alone
                  (configs.schema.SPEED_OPTIONS: the set grows as options are added)
+  best           the fastest precision row with every option that beat base on together (the e2e stage's step)
   bare_again     the bare loop once more, last: how far two timings of the same loop differ
 
 cuDNN's autotuner (torch.backends.cudnn.benchmark) is on for every row, as every GPU training script sets it.
@@ -88,6 +89,18 @@ def rows() -> dict[str, list[str] | str]:
     return table
 
 
+def best(measured: stage.Figures) -> list[str]:
+    """The overrides of the fastest harness step among `measured` rows: the fastest precision, and each speed option
+    on where its row beat base (off where it did not, or was not measured)."""
+
+    def rate(name: str) -> float:
+        row = measured.get(name)
+        return row["img_s"] if isinstance(row, dict) else 0.0
+
+    overrides = [f"precision={PRECISIONS[max(PRECISIONS, key=rate)]}"]
+    return overrides + [f"{option}={str(rate('+' + option) > rate('base')).lower()}" for option in SPEED_OPTIONS]
+
+
 def measure(row: list[str] | str, sizes: stage.Sizes, images: torch.Tensor, labels: torch.Tensor) -> stage.Figures:
     if torch.cuda.is_available():
         torch.cuda.reset_peak_memory_stats()
@@ -107,6 +120,30 @@ def measure(row: list[str] | str, sizes: stage.Sizes, images: torch.Tensor, labe
     return figures
 
 
+def measure_row(
+    name: str,
+    row: list[str] | str,
+    sizes: stage.Sizes,
+    images: torch.Tensor,
+    labels: torch.Tensor,
+    measured: stage.Figures,
+    failed: list[str],
+) -> None:
+    """Measure one row into `measured` (or its failure, its name into `failed`), then free what it held."""
+    try:
+        measured[name] = measure(row, sizes, images, labels)
+    except ModuleNotFoundError as err:
+        measured[name] = f"skipped: {err}"
+    except Exception as err:  # one row's failure must not cost the others their figures
+        traceback.print_exc()
+        measured[name] = f"failed: {type(err).__name__}: {err}"[:300]
+        failed.append(name)
+    print(name, measured[name], flush=True)
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
 def run(args: argparse.Namespace, sizes: stage.Sizes) -> stage.Figures:
     torch.backends.cudnn.benchmark = True
     device = stage.device()
@@ -115,21 +152,16 @@ def run(args: argparse.Namespace, sizes: stage.Sizes) -> stage.Figures:
     images = torch.randint(0, 256, shape, dtype=torch.uint8, generator=generator).to(device)
     labels = torch.randint(0, CLASSES, (sizes.batch,), generator=generator).to(device)
     measured: stage.Figures = {}
-    failed = []
-    for name, row in rows().items():
-        try:
-            measured[name] = measure(row, sizes, images, labels)
-        except ModuleNotFoundError as err:
-            measured[name] = f"skipped: {err}"
-        except Exception as err:  # one row's failure must not cost the others their figures
-            traceback.print_exc()
-            measured[name] = f"failed: {type(err).__name__}: {err}"[:300]
-            failed.append(name)
-        print(name, measured[name], flush=True)
-        gc.collect()
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
+    failed: list[str] = []
+    table = rows()
+    last = table.pop("bare_again")
+    for name, row in table.items():
+        measure_row(name, row, sizes, images, labels, measured, failed)
+    fastest = best(measured)
+    measure_row("best", fastest, sizes, images, labels, measured, failed)
+    measure_row("bare_again", last, sizes, images, labels, measured, failed)
     figures: stage.Figures = {"batch": sizes.batch, "image": sizes.image, "steps": sizes.steps, "rows": measured}
+    figures["best"] = fastest
     if not torch.cuda.is_available():
         figures["peak_gib"] = stage.no_gpu("peak GPU memory")
     if failed:
