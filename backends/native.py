@@ -256,6 +256,6 @@ def settings(cfg: Config, device: torch.device) -> dict[str, Any]:
         "seed": cfg.run.seed * 1_000_003,  # one rounding stream on every rank: replicas keep identical weights
         "bucket_mb": cfg.dist.bucket_mb,
         "overlap": cfg.dist.overlap,
-        "batchnorm_16bit": cfg.device.bn_16bit_input,
+        "batchnorm_16bit": device.type == "cuda" if cfg.device.bn_16bit_input is None else cfg.device.bn_16bit_input,
         "compiled": cfg.device.compile,
     }

@@ -96,8 +96,8 @@ class DeviceConfig:
     channels_last: bool = False
     foreach: bool | None = None  # the optimizer step as multi-tensor ops over all parameters; None: on CUDA only
     # native 16-bit compute: BatchNorm takes the 16-bit activations as they are (statistics and weights in fp32
-    # inside its kernel) instead of a copy cast to fp32 first
-    bn_16bit_input: bool = False
+    # inside its kernel) instead of a copy cast to fp32 first; None: on CUDA only
+    bn_16bit_input: bool | None = None
     compile: bool = False  # torch.compile the model (its forward and backward; the first steps compile)
     system: System | None = None  # ipu_sim: the simulated IPU system (configs/device/<system>.yaml)
     # ipu_sim only: how a run is laid out on the system (Graphcore's PopTorch names in ../shared/reference/ipu.md)

@@ -7,7 +7,7 @@ import torch
 
 import backends
 from backends.ipu_sim.backend import IpuSimBackend
-from backends.native import NativeBackend, norm_layer
+from backends.native import NativeBackend, norm_layer, settings
 from configs.schema import DEVICES, Config, ConfigError, batch_shape
 from distributed import Topology
 from distributed.batchnorm import DistributedBatchNorm2d
@@ -50,6 +50,15 @@ def test_device_foreach_picks_the_optimizers_implementation(optimizer, foreach):
     cfg = composed(f"optim={optimizer}", f"device.foreach={foreach}")
     backend = backends.from_config(cfg, classes=4, topology=Topology())
     assert {group["foreach"] for group in backend.optimizer.param_groups} == {cfg.device.foreach}
+
+
+@pytest.mark.parametrize(
+    ("value", "on_cuda", "on_cpu"), [("null", True, False), ("true", True, True), ("false", False, False)]
+)
+def test_device_bn_16bit_input_is_on_for_cuda_unless_set(value, on_cuda, on_cpu):
+    cfg = composed(f"device.bn_16bit_input={value}")
+    assert settings(cfg, torch.device("cuda"))["batchnorm_16bit"] is on_cuda
+    assert settings(cfg, torch.device("cpu"))["batchnorm_16bit"] is on_cpu
 
 
 def trained_side_by_side(built: list[NativeBackend], images: tuple[int, int], classes: int) -> list[torch.Tensor]:
