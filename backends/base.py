@@ -51,6 +51,11 @@ class Backend(Protocol):
         """Returns the number of top-1 correct predictions in the batch."""
         ...
 
+    def compile_ahead(self, train_batch: int, eval_batch: int, image_size: int, classes: int) -> None:
+        """Run the steps once on synthetic batches of these shapes, leaving every state as it was: whatever the
+        first steps compile is compiled before the clock starts."""
+        ...
+
     def now(self) -> float:
         """Seconds since the epoch where the steps run: the wall clock, or a simulated device's clock."""
         ...

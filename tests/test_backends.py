@@ -1,9 +1,11 @@
 """A run's backend and batch shape, built from the composed config in one place each."""
 
+import copy
 from dataclasses import fields
 
 import pytest
 import torch
+from torch._dynamo.utils import counters
 
 import backends
 from backends.ipu_sim.backend import IpuSimBackend
@@ -61,13 +63,18 @@ def test_device_bn_16bit_input_is_on_for_cuda_unless_set(value, on_cuda, on_cpu)
     assert settings(cfg, torch.device("cpu"))["batchnorm_16bit"] is on_cpu
 
 
-def trained_side_by_side(built: list[NativeBackend], images: tuple[int, int], classes: int) -> list[torch.Tensor]:
-    """Two steps of each backend on the same random uint8 batches; the losses of the last."""
-    generator = torch.Generator().manual_seed(0)
-    for _ in range(2):
-        batch = torch.randint(0, 256, (*images, 3), dtype=torch.uint8, generator=generator)
-        labels = torch.randint(0, classes, images[:1], generator=generator)
-        losses = [backend.train_step(batch, labels, lr=0.5) for backend in built]
+def random_batch(batch: int, image_size: int, classes: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    generator = torch.Generator().manual_seed(seed)
+    images = torch.randint(0, 256, (batch, image_size, image_size, 3), dtype=torch.uint8, generator=generator)
+    return images, torch.randint(0, classes, (batch,), generator=generator)
+
+
+def trained_side_by_side(built: list[NativeBackend], shape: tuple[int, int], classes: int) -> list[torch.Tensor]:
+    """Two steps of each backend on the same random uint8 batches of `shape` (batch, image size); the losses of
+    the last."""
+    for step in range(2):
+        batch = random_batch(*shape, classes, seed=step)
+        losses = [backend.train_step(*batch, lr=0.5) for backend in built]
     return losses
 
 
@@ -92,17 +99,44 @@ def own_inductor_cache(tmp_path, monkeypatch):
 
 
 @pytest.mark.usefixtures("own_inductor_cache")
-def test_a_compiled_model_trains_as_the_eager_one():
-    """device.compile's mechanism on a small net (inductor's CPU code compiles it in seconds)."""
+def test_a_compiled_model_compiles_ahead_of_the_clock_then_trains_as_the_eager_one():
+    """device.compile's mechanism on a small net (inductor's CPU code compiles it in seconds): compile_ahead
+    compiles the train and eval steps on synthetic batches and leaves every state as it was; the steps after it
+    compile nothing more and train as eager does."""
     built = []
     for compiled in (False, True):
         torch.manual_seed(0)
         model = TinyNet()
         optimizer = LARS(param_groups(model, 5e-5), lr=0.5)
         built.append(NativeBackend(model, optimizer, torch.device("cpu"), label_smoothing=0.1, compiled=compiled))
-    losses = trained_side_by_side(built, (8, 12, 12), classes=4)
-    assert_trained_alike(*built, losses)
-    assert built[1].model._compiled_call_impl is not None  # compiled in place: nn.Module.compile
+    eager, compiled = built
+    before = copy.deepcopy((compiled.state_dict(), compiled.rank_state_dict()))
+    graphs = counters["stats"]["unique_graphs"]
+    compiled.compile_ahead(train_batch=8, eval_batch=8, image_size=12, classes=4)
+    assert counters["stats"]["unique_graphs"] > graphs  # compiled: forward in training and in eval mode
+    assert_same_state(before, (compiled.state_dict(), compiled.rank_state_dict()))
+    graphs = counters["stats"]["unique_graphs"]
+    losses = trained_side_by_side(built, (8, 12), classes=4)
+    correct = [int(backend.eval_step(*random_batch(8, 12, 4))) for backend in built]
+    assert counters["stats"]["unique_graphs"] == graphs  # nothing compiled once the clock would have started
+    assert_trained_alike(eager, compiled, losses)
+    assert correct[0] == correct[1]
+
+
+def assert_same_state(before: object, after: object) -> None:
+    """Two nested state dicts (tensors, numbers, lists) hold the same values."""
+    if isinstance(before, dict):
+        assert isinstance(after, dict) and before.keys() == after.keys()
+        for key in before:
+            assert_same_state(before[key], after[key])
+    elif isinstance(before, list | tuple):
+        assert len(before) == len(after)
+        for a, b in zip(before, after, strict=True):
+            assert_same_state(a, b)
+    elif isinstance(before, torch.Tensor):
+        assert torch.equal(before, after)
+    else:
+        assert before == after
 
 
 @pytest.mark.slow  # compiling ResNet-50's forward and backward on the CPU takes over a minute
@@ -113,11 +147,11 @@ def test_a_compiled_resnet50_from_the_config_trains_and_evaluates_as_the_eager_o
     for compiled in ("false", "true"):
         torch.manual_seed(0)
         built.append(backends.from_config(composed(*shape, f"device.compile={compiled}"), 4, Topology()))
-    losses = trained_side_by_side(built, (4, 32, 32), classes=4)
+    built[1].compile_ahead(train_batch=4, eval_batch=4, image_size=32, classes=4)
+    losses = trained_side_by_side(built, (4, 32), classes=4)
     assert_trained_alike(*built, losses)
-    images = torch.randint(0, 256, (4, 32, 32, 3), dtype=torch.uint8)
-    labels = torch.arange(4)
-    assert int(built[1].eval_step(images, labels)) == int(built[0].eval_step(images, labels))
+    batch = random_batch(4, 32, 4)
+    assert int(built[1].eval_step(*batch)) == int(built[0].eval_step(*batch))
 
 
 def test_batchnorm_spans_the_configured_group_of_ranks():
