@@ -16,7 +16,7 @@ from hydra.core.config_store import ConfigStore
 
 from configs.hardware import OPTIMIZER_STATES, System
 from data.datasets import DATASETS, FORMATS
-from data.loader import CORRUPT_POLICIES
+from data.loader import CORRUPT_POLICIES, DECODERS
 from data.synthetic import MAX_CLASSES
 from mlperf_logs.progress import PROGRESS_MODES
 from optim import OPTIMIZERS
@@ -72,6 +72,9 @@ class DataConfig:
     corrupt: str = "skip"  # skip: replace an unreadable or corrupt file by another sample, report it once | fail
     max_pixels: int = 178_956_970  # refuse an image whose header claims more pixels (Pillow's bomb limit)
     cache_bytes: bool = False  # keep every file's bytes in memory (read once, shared by the workers)
+    # cpu: the fused decoder in the workers | gpu: the workers read the bytes and draw the crops, the training
+    # device decodes (nvJPEG on CUDA; on device=cpu the training process, which is how the tests run it)
+    decode: str = "cpu"
     synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
 
 
@@ -280,6 +283,7 @@ def _validate_data(data: DataConfig, shape: BatchShape, reads_files: bool = True
     _require(data.workers >= 0, "data.workers", f"must be 0 or more, got {data.workers}")
     _one_of(data.format, "data.format", FORMATS)
     _one_of(data.corrupt, "data.corrupt", CORRUPT_POLICIES)
+    _one_of(data.decode, "data.decode", DECODERS)
     _positive(data.max_pixels, "data.max_pixels")
     syn = data.synthetic
     _require(

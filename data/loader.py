@@ -9,14 +9,16 @@ An unreadable or corrupt file is replaced by another sample and reported once, o
 from __future__ import annotations
 
 import atexit
+import itertools
 import logging
 import os
 import signal
 import time
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import NamedTuple
+from functools import partial
+from typing import NamedTuple, TypeVar
 
 import numpy as np
 import torch
@@ -24,14 +26,17 @@ from torch.utils.data import BatchSampler, DataLoader, Dataset, get_worker_info
 from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter
 
 from data import jpeg
+from data.device_decode import decode_crops
 from data.sampler import ShardedSampler
 from data.split import DatasetError, Split
-from data.transforms import centre_crop_box, random_resized_crop_box
+from data.transforms import Box, centre_crop_box, random_resized_crop_box
 
 log = logging.getLogger(__name__)
 
 Batch = tuple[torch.Tensor, torch.Tensor]
+T = TypeVar("T")
 CORRUPT_POLICIES = ("skip", "fail")
+DECODERS = ("cpu", "gpu")  # data.decode: the fused decoder in the workers, or the training device
 REPLACEMENT_TRIES = 10
 WORKER_TIMEOUT_S = 600  # a worker that sends nothing for this long is an error, not a hang
 WORKER_EXIT_S = 5.0  # a worker told to stop that has not exited after this long is killed
@@ -61,7 +66,23 @@ class Decoded(NamedTuple):
     error: str | None
 
 
-class BatchDataset(Dataset[Decoded]):
+class Encoded(NamedTuple):
+    """One worker's batch left for the training device to decode (data.decode=gpu): the files' bytes end to end
+    (sample i is data[offsets[i] : offsets[i + 1]]), the crop box and flip each was given, what a replacement on
+    the host needs (dataset index and seed), and the labels; no file has been decoded, so `skipped` and `warned`
+    are filled by the loader."""
+
+    data: torch.Tensor
+    offsets: torch.Tensor
+    boxes: list[Box]
+    flips: list[bool]
+    items: list[tuple[int, int]]
+    labels: torch.Tensor
+    skipped: list[tuple[str, str]]
+    error: str | None
+
+
+class BatchDataset(Dataset[Decoded | Encoded]):
     """One split, indexed by a whole batch of (dataset index, sample seed) pairs."""
 
     def __init__(
@@ -72,6 +93,7 @@ class BatchDataset(Dataset[Decoded]):
         corrupt: str = "skip",
         cache_bytes: bool = False,
         max_pixels: int = jpeg.MAX_PIXELS,
+        encoded: bool = False,
     ) -> None:
         if corrupt not in CORRUPT_POLICIES:
             raise ValueError(f"corrupt must be one of {CORRUPT_POLICIES}, not {corrupt!r}")
@@ -79,13 +101,16 @@ class BatchDataset(Dataset[Decoded]):
         self.crops = crops
         self.corrupt = corrupt
         self.max_pixels = max_pixels
+        self.encoded = encoded  # batches as Encoded: bytes and boxes, decoded on the training device
         # Read in the parent before the workers fork, so they share the pages instead of each reading the files.
         self.cache = [split.read(index) for index in range(len(split))] if cache_bytes else None
 
     def __len__(self) -> int:
         return len(self.split)
 
-    def __getitem__(self, items: list[tuple[int, int]]) -> Decoded:
+    def __getitem__(self, items: list[tuple[int, int]]) -> Decoded | Encoded:
+        if self.encoded:
+            return self.encode(items)
         size = self.crops.size
         images = torch.empty((len(items), size, size, 3), dtype=torch.uint8)
         if get_worker_info() is not None:
@@ -95,42 +120,88 @@ class BatchDataset(Dataset[Decoded]):
         warned: list[str] = []
         try:
             for slot, (index, seed) in enumerate(items):
-                labels[slot] = self._decode_or_replace(images[slot].numpy(), index, seed, skipped, warned)
+                labels[slot] = self.decode_or_replace(images[slot].numpy(), index, seed, skipped, warned)
         except DatasetError as err:
             return Decoded(images, labels, skipped, warned, str(err))
         return Decoded(images, labels, skipped, warned, None)
 
-    def _decode_or_replace(
+    def decode_or_replace(
         self, out: np.ndarray, index: int, seed: int, skipped: list[tuple[str, str]], warned: list[str]
     ) -> int:
         """Decode sample `index` into `out` and return its label; an unreadable file is swapped for another, a
         file decoded despite libjpeg's warnings is noted in `warned`."""
-        for attempt in range(REPLACEMENT_TRIES):
+
+        def decode(index: int) -> int:
+            warnings = jpeg.corrupt_warnings()
+            label = self.decode_into(out, index, seed)
+            if jpeg.corrupt_warnings() > warnings:
+                warned.append(self.split[index][0])
+            return label
+
+        return self._or_replacement(decode, index, seed, skipped)
+
+    def _or_replacement(self, attempt: Callable[[int], T], index: int, seed: int, skipped: list[tuple[str, str]]) -> T:
+        """`attempt(index)`; where it finds the file unreadable, the file is reported in `skipped` (or ends the run
+        under corrupt=fail) and the attempt is made on another sample, drawn from `seed`."""
+        for tried in range(REPLACEMENT_TRIES):
             try:
-                warnings = jpeg.corrupt_warnings()
-                label = self.decode_into(out, index, seed)
-                if jpeg.corrupt_warnings() > warnings:
-                    warned.append(self.split[index][0])
-                return label
+                return attempt(index)
             except (OSError, jpeg.DecodeError) as err:
                 if self.corrupt == "fail":
                     raise DatasetError(f"unreadable file {err}") from err
                 skipped.append((self.split[index][0], str(err)))
-                index = (index + 1 + (seed + attempt) % max(len(self) - 1, 1)) % len(self)
+                index = (index + 1 + (seed + tried) % max(len(self) - 1, 1)) % len(self)
         raise DatasetError(f"{REPLACEMENT_TRIES} unreadable files in a row, the last {skipped[-1][0]}")
 
     def decode_into(self, out: np.ndarray, index: int, seed: int) -> int:
         """Read sample `index`, draw its crop (from `seed` when training), decode it into `out`; its label."""
         name, label = self.split[index]
+        data, box, flip = self.read_with_crop(index, seed)
+        size = (self.crops.size, self.crops.size)
+        jpeg.decode_crop(data, box, size, flip, out=out, name=name, max_pixels=self.max_pixels)
+        return label
+
+    def read_with_crop(self, index: int, seed: int) -> tuple[bytes, Box, bool]:
+        """Sample `index`'s bytes, and the crop box and flip drawn from its header's size (and `seed`)."""
         data = self.cache[index] if self.cache is not None else self.split.read(index)
-        height, width = jpeg.image_size(data, name=name, max_pixels=self.max_pixels)
+        height, width = jpeg.image_size(data, name=self.split[index][0], max_pixels=self.max_pixels)
         crops = self.crops
         if crops.train:
             box, flip = random_resized_crop_box(height, width, crops.area_min, seed)
-        else:
-            box, flip = centre_crop_box(height, width, crops.eval_resize, crops.size), False
-        jpeg.decode_crop(data, box, (crops.size, crops.size), flip, out=out, name=name, max_pixels=self.max_pixels)
-        return label
+            return data, box, flip
+        return data, centre_crop_box(height, width, crops.eval_resize, crops.size), False
+
+    def _read_sample(self, index: int, seed: int) -> tuple[int, bytes, Box, bool]:
+        return (index, *self.read_with_crop(index, seed))
+
+    def encode(self, items: list[tuple[int, int]]) -> Encoded:
+        """The batch's bytes and crops, a file whose header does not read replaced as when decoding (errors in
+        the pixels show when the device decodes them: the loader then decodes that sample here, on the host)."""
+        files: list[bytes] = []
+        boxes: list[Box] = []
+        flips: list[bool] = []
+        kept: list[tuple[int, int]] = []
+        skipped: list[tuple[str, str]] = []
+        try:
+            for index, seed in items:
+                read = partial(self._read_sample, seed=seed)
+                kept_index, data, box, flip = self._or_replacement(read, index, seed, skipped)
+                files.append(data)
+                boxes.append(box)
+                flips.append(flip)
+                kept.append((kept_index, seed))
+        except DatasetError as err:
+            return Encoded(*_no_bytes(), [], [], [], torch.empty(0, dtype=torch.int64), skipped, str(err))
+        offsets = torch.tensor([0, *itertools.accumulate(len(data) for data in files)])
+        joined = torch.frombuffer(bytearray(b"".join(files)), dtype=torch.uint8) if files else _no_bytes()[0]
+        if get_worker_info() is not None:
+            joined.share_memory_()
+        labels = torch.tensor([self.split[index][1] for index, _ in kept], dtype=torch.int64)
+        return Encoded(joined, offsets, boxes, flips, kept, labels, skipped, None)
+
+
+def _no_bytes() -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.empty(0, dtype=torch.uint8), torch.zeros(1, dtype=torch.int64)
 
 
 class Loader:
@@ -138,8 +209,18 @@ class Loader:
     paths of the files decoded despite libjpeg's warnings (`warned`), and counts the seconds its reader spent
     waiting for a batch (`waited_s`, over all epochs)."""
 
-    def __init__(self, dataset: BatchDataset, sampler: ShardedSampler, *, batch: int, workers: int, pin: bool):
+    def __init__(
+        self,
+        dataset: BatchDataset,
+        sampler: ShardedSampler,
+        *,
+        batch: int,
+        workers: int,
+        pin: bool,
+        device: torch.device | None = None,
+    ):
         self.dataset = dataset
+        self.device = device  # where Encoded batches are decoded
         self.sampler = sampler
         self.batch = batch
         self.skipped: dict[str, str] = {}
@@ -192,24 +273,63 @@ class Loader:
         return len(self._loader)
 
     def __iter__(self) -> Iterator[Batch]:
-        for decoded in self._timed(iter(self._loader)):
-            for path, reason in decoded.skipped:
-                if path not in self.skipped:
-                    self.skipped[path] = reason
-                    log.warning("skipped an unreadable file: %s", reason)
-            self.warned.update(decoded.warned)
-            if decoded.error is not None:
-                raise DatasetError(decoded.error)
-            yield decoded.images, decoded.labels
-
-    def _timed(self, batches: Iterator[Decoded]) -> Iterator[Decoded]:
+        batches = iter(self._loader)
         while True:
             started = time.perf_counter()
-            decoded = next(batches, None)
-            self.waited_s += time.perf_counter() - started
-            if decoded is None:
+            batch = next(batches, None)
+            if batch is None:
                 return
-            yield decoded
+            self._report(batch.skipped, batch.warned if isinstance(batch, Decoded) else [])
+            if batch.error is not None:
+                raise DatasetError(batch.error)
+            images, labels = self._on_device(batch) if isinstance(batch, Encoded) else (batch.images, batch.labels)
+            self.waited_s += time.perf_counter() - started  # the decode on the device is the input's time too
+            yield images, labels
+
+    def _report(self, skipped: list[tuple[str, str]], warned: list[str]) -> None:
+        """Each skipped file once, by its path; the files decoded despite libjpeg's warnings."""
+        for path, reason in skipped:
+            if path not in self.skipped:
+                self.skipped[path] = reason
+                log.warning("skipped an unreadable file: %s", reason)
+        self.warned.update(warned)
+
+    def _on_device(self, batch: Encoded) -> Batch:
+        """The batch decoded on the training device. A file the device does not decode (not a JPEG, CMYK, errors
+        in its pixels) is decoded here by the fused decoder, or replaced, as a worker would."""
+        assert self.device is not None
+        size = self.dataset.crops.size
+        files = [batch.data[start:end] for start, end in itertools.pairwise(batch.offsets.tolist())]
+        try:
+            return decode_crops(files, batch.boxes, batch.flips, size, self.device), batch.labels
+        except torch.OutOfMemoryError:
+            raise
+        except RuntimeError:  # some file of the batch: find which, one by one
+            pass
+        images = torch.empty((len(files), size, size, 3), dtype=torch.uint8, device=self.device)
+        labels = batch.labels.clone()
+        for slot, file in enumerate(files):
+            images[slot], labels[slot] = self._one_on_device(file, batch, slot)
+        return images, labels
+
+    def _one_on_device(self, file: torch.Tensor, batch: Encoded, slot: int) -> tuple[torch.Tensor, int]:
+        """Sample `slot` decoded on the device, or where the device cannot, by the fused decoder here (replaced if
+        unreadable); with its label."""
+        assert self.device is not None
+        size = self.dataset.crops.size
+        box, flip = batch.boxes[slot : slot + 1], batch.flips[slot : slot + 1]
+        try:
+            return decode_crops([file], box, flip, size, self.device)[0], int(batch.labels[slot])
+        except torch.OutOfMemoryError:
+            raise
+        except RuntimeError:
+            pass
+        pixels = np.empty((size, size, 3), np.uint8)
+        skipped: list[tuple[str, str]] = []
+        warned: list[str] = []
+        label = self.dataset.decode_or_replace(pixels, *batch.items[slot], skipped, warned)
+        self._report(skipped, warned)
+        return torch.from_numpy(pixels), label
 
 
 _unclosed: weakref.WeakSet[Loader] = weakref.WeakSet()
@@ -242,7 +362,12 @@ def build_loader(
     corrupt: str = "skip",
     cache_bytes: bool = False,
     max_pixels: int = jpeg.MAX_PIXELS,
+    decode_on: torch.device | None = None,
 ) -> Loader:
-    """Full batches (training) or every sample with a trailing partial batch (evaluation), uint8 NHWC."""
-    dataset = BatchDataset(split, crops, corrupt=corrupt, cache_bytes=cache_bytes, max_pixels=max_pixels)
-    return Loader(dataset, sampler, batch=batch, workers=workers, pin=pin_memory)
+    """Full batches (training) or every sample with a trailing partial batch (evaluation), uint8 NHWC: decoded
+    by the workers, or with `decode_on` (data.decode=gpu), by that device from the bytes the workers read."""
+    encoded = decode_on is not None
+    dataset = BatchDataset(
+        split, crops, corrupt=corrupt, cache_bytes=cache_bytes, max_pixels=max_pixels, encoded=encoded
+    )
+    return Loader(dataset, sampler, batch=batch, workers=workers, pin=pin_memory and not encoded, device=decode_on)

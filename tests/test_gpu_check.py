@@ -122,11 +122,17 @@ def test_end_to_end_runs_with_the_fastest_settings_measured(tmp_path: Path) -> N
     rows |= {f"+{option}": 2100.0 for option in SPEED_OPTIONS}
     write_figures(tmp_path, rows, {"4": 1900.0, "8": 3700.0, "15": 5500.0})
     overrides = pipeline.fastest(tmp_path)
-    assert overrides == ["precision=bf16", *(f"{option}=true" for option in SPEED_OPTIONS), "data.workers=15"]
+    assert overrides == [
+        "precision=bf16",
+        *(f"{option}=true" for option in SPEED_OPTIONS),
+        "data.workers=15",
+        "data.decode=cpu",
+    ]
 
     rows |= {f"+{option}": 1900.0 for option in SPEED_OPTIONS}  # an option that slows the step stays off
-    write_figures(tmp_path, rows, {"4": 1900.0})
-    assert pipeline.fastest(tmp_path)[1:] == [*(f"{option}=false" for option in SPEED_OPTIONS), "data.workers=4"]
+    write_figures(tmp_path, rows, {"4": 1900.0, "gpu/4": 6000.0})  # the device decoding beats the workers
+    options_off = [f"{option}=false" for option in SPEED_OPTIONS]
+    assert pipeline.fastest(tmp_path)[1:] == [*options_off, "data.workers=4", "data.decode=gpu"]
 
 
 def test_the_table_shows_each_row_against_the_bare_loop_and_the_loader_against_the_step() -> None:

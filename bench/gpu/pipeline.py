@@ -1,7 +1,8 @@
 """Stages `loader` and `e2e`: the input pipeline at 224 px on ImageNet-like JPEGs, alone and feeding the step.
 
     loader  data.loader as train.py builds it (assemble.make_loader: the fused decode-and-crop, pinned batches on
-            CUDA) with each worker count, batch 256, timed for a few seconds from its first batch
+            CUDA; or with data.decode=gpu, the workers reading bytes and the GPU decoding) with each worker count,
+            batch 256, timed for a few seconds from its first batch
     e2e     the harness end to end: that loader feeding backend.train_step, with the fastest precision, speed
             options and worker count the earlier stages found (check.py passes them), for a fixed number of steps
 
@@ -27,6 +28,7 @@ from bench.gpu import step as step_stage
 from bench.gpu.step import CLASSES
 from bench.loader import endless, throughput
 from configs.schema import Config
+from data.loader import DECODERS
 from distributed import Topology
 
 # ImageNet's most common sizes (width x height), with qualities spread over the 75 to 95 its files were saved at.
@@ -75,14 +77,23 @@ def config(args: argparse.Namespace, sizes: stage.Sizes, *overrides: str) -> Con
 
 
 def loader(args: argparse.Namespace, sizes: stage.Sizes) -> stage.Figures:
+    """The loader's rate with each worker count, the workers decoding ("8") or the device ("gpu/8")."""
     rates: dict[str, float] = {}
-    for workers in sizes.workers:
-        cfg = config(args, sizes, f"data.workers={workers}")
-        train, _ = open_splits(cfg, Topology())
-        batches = make_loader(cfg, train, Topology(), train=True, device=stage.device())
-        rates[str(workers)] = round(throughput(batches, LOADER_SECONDS[args.tiny]), 1)
-        print(workers, "workers:", rates[str(workers)], "img/s", flush=True)
+    for decode in DECODERS:
+        for workers in sizes.workers:
+            cfg = config(args, sizes, f"data.workers={workers}", f"data.decode={decode}")
+            train, _ = open_splits(cfg, Topology())
+            batches = make_loader(cfg, train, Topology(), train=True, device=stage.device())
+            key = str(workers) if decode == "cpu" else f"{decode}/{workers}"
+            rates[key] = round(throughput(batches, LOADER_SECONDS[args.tiny]), 1)
+            print(key, "workers:", rates[key], "img/s", flush=True)
     return {"batch": sizes.batch, "image": sizes.image, "images": sizes.photos, "img_s_by_workers": rates}
+
+
+def loader_overrides(key: str) -> list[str]:
+    """The overrides of a loader row: "8" (the workers decode) or "gpu/8" (the device decodes)."""
+    decode, _, workers = key.rpartition("/")
+    return [f"data.workers={workers}", f"data.decode={decode or 'cpu'}"]
 
 
 def _measured(work: Path, stage_name: str) -> stage.Figures:
@@ -96,7 +107,7 @@ def fastest(work: Path) -> list[str]:
     overrides = step_stage.best(_measured(work, "step").get("rows", {}))
     workers = _measured(work, "loader").get("img_s_by_workers")
     if workers:
-        overrides.append(f"data.workers={max(workers, key=workers.get)}")
+        overrides += loader_overrides(max(workers, key=workers.get))
     return overrides
 
 
