@@ -21,6 +21,7 @@ from assemble import make_loader
 from backends import checkpoint, select_device
 from backends.native import NativeBackend
 from configs.schema import Config, ConfigError, DeviceConfig
+from data.device_decode import decode_crops
 from data.folder import find_classes, open_split
 from data.split import Split
 from distributed import group
@@ -386,3 +387,19 @@ def test_a_resnet50_step_on_cuda_never_waits_for_the_host(name: str) -> None:
     finally:
         torch.cuda.set_sync_debug_mode("default")
     assert all(bool(torch.isfinite(loss)) for loss in losses)
+
+
+# data.device_decode: nvJPEG on CUDA (the CPU side: tests/test_device_decode.py)
+
+
+@pytest.mark.cuda
+@needs_gpu
+def test_a_batch_decoded_on_cuda_is_the_batch_decoded_on_the_cpu(tiny_tree: Path) -> None:
+    files = sorted((tiny_tree / "train").rglob("*.JPEG"))
+    encoded = [torch.frombuffer(bytearray(path.read_bytes()), dtype=torch.uint8) for path in files]
+    boxes = [(10, 20, 90, 120)] * len(files)
+    flips = [slot % 2 == 0 for slot in range(len(files))]
+    on_gpu = decode_crops(encoded, boxes, flips, 32, CUDA)
+    on_cpu = decode_crops(encoded, boxes, flips, 32, torch.device("cpu"))
+    assert on_gpu.is_cuda and on_gpu.shape == on_cpu.shape == (len(files), 32, 32, 3)
+    assert (on_gpu.cpu().int() - on_cpu.int()).abs().float().mean() < 2  # nvJPEG's IDCT against libjpeg-turbo's
