@@ -71,6 +71,11 @@ def make_loader(cfg: Config, split: Split, topology: Topology, *, train: bool, d
     )
 
 
+def eval_epochs(max_epochs: int, first: int, every: int) -> set[int]:
+    """The MLPerf schedule: every `every` epochs starting at `first`, and the last epoch of the budget."""
+    return set(range(first, max_epochs + 1, every)) | {max_epochs}
+
+
 def make_schedule(cfg: Config, steps_per_epoch: int) -> Schedule:
     optim = cfg.optim
     warmup_steps = steps_from_epochs(optim.warmup_epochs, steps_per_epoch)

@@ -38,7 +38,15 @@ from omegaconf.errors import OmegaConfBaseException
 
 import backends
 import distributed
-from assemble import hyperparameters, make_loader, make_schedule, open_splits, seed_everything, submission_platform
+from assemble import (
+    eval_epochs,
+    hyperparameters,
+    make_loader,
+    make_schedule,
+    open_splits,
+    seed_everything,
+    submission_platform,
+)
 from backends import checkpoint
 from backends.checkpoint import CHECKPOINT, FINAL_WEIGHTS, CheckpointError, Loop, restore_point, restore_run
 from benchmark import benchmark
@@ -352,11 +360,6 @@ def evaluate(backend: backends.Backend, loader: Loader) -> float:
     """Top-1 accuracy over every validation image, as a fraction; each rank evaluates its share."""
     correct = sum(backend.eval_step(images, labels) for images, labels in loader)
     return int(distributed.sum_over_ranks(torch.as_tensor(correct, device=backend.device))) / len(loader.dataset)
-
-
-def eval_epochs(max_epochs: int, first: int, every: int) -> set[int]:
-    """The MLPerf schedule: every `every` epochs starting at `first`, and the last epoch of the budget."""
-    return set(range(first, max_epochs + 1, every)) | {max_epochs}
 
 
 if __name__ == "__main__":

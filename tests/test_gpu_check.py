@@ -15,6 +15,7 @@ import pytest
 from bench.gpu import check, pipeline, report
 from bench.gpu.check import Stage
 from configs.schema import SPEED_OPTIONS
+from tests.conftest import composed
 
 REPO = Path(__file__).resolve().parent.parent
 MiB = 2**20
@@ -173,3 +174,10 @@ def test_the_rehearsal_runs_every_stage_on_the_gpu_machines_stack() -> None:
     carried = sum(path.stat().st_size for path in (REPO / ".gpu").rglob("*") if path.is_file())
     tree = sum((REPO / name).stat().st_size for name in tracked.decode().split("\0") if (REPO / name).is_file())
     assert carried + tree < 64 * MiB
+
+
+def test_the_time_to_train_is_projected_from_the_imagenet_recipe(tmp_path: Path) -> None:
+    cfg = composed("experiment=imagenet", f"data.root={tmp_path}")
+    evaluations = len({3, 7, 11, 15, 19, 23, 27, 31, 35, 38})  # first_eval 3, every 4, and the last epoch
+    expected_s = 38 * 1_281_167 / 6000 + evaluations * 50_000 / (3 * 6000)
+    assert pipeline.projected_minutes(cfg, img_s=6000) == pytest.approx(expected_s / 60)

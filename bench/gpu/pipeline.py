@@ -4,7 +4,8 @@
             CUDA; or with data.decode=gpu, the workers reading bytes and the GPU decoding) with each worker count,
             batch 256, timed for a few seconds from its first batch
     e2e     the harness end to end: that loader feeding backend.train_step, with the fastest precision, speed
-            options and worker count the earlier stages found (check.py passes them), for a fixed number of steps
+            options and worker count the earlier stages found (check.py passes them), for a fixed number of steps;
+            and the time to train ImageNet on one GPU at that rate (projected_minutes)
 
 The JPEGs are bench.photos' photo-like images in ImageNet's common sizes and a spread of its qualities, dealt over
 8 classes in ImageNet's folder layout, generated once into the check's scratch folder for both stages. The
@@ -21,13 +22,14 @@ import sys
 from pathlib import Path
 
 import backends
-from assemble import make_loader, open_splits
+from assemble import eval_epochs, make_loader, open_splits
 from bench import photos
 from bench.gpu import stage
 from bench.gpu import step as step_stage
 from bench.gpu.step import CLASSES
 from bench.loader import endless, throughput
 from configs.schema import Config
+from data.datasets import IMAGENET_EVAL_IMAGES, IMAGENET_TRAIN_IMAGES
 from data.loader import DECODERS
 from distributed import Topology
 
@@ -124,7 +126,21 @@ def e2e(args: argparse.Namespace, sizes: stage.Sizes) -> stage.Figures:
         return backend.train_step(*next(batches), lr)
 
     seconds = stage.timed_steps(step, sizes.warmup, sizes.steps)
-    return {"img_s": round(sizes.steps * sizes.batch / seconds, 1), "overrides": " ".join(overrides)}
+    rate = sizes.steps * sizes.batch / seconds
+    figures: stage.Figures = {"img_s": round(rate, 1), "overrides": " ".join(overrides)}
+    return figures | {"projected_ttt_min": round(projected_minutes(cfg, rate), 1)}
+
+
+EVAL_SPEEDUP = 3.0  # assumed: evaluation is a forward pass, a third of a training step's work (not measured)
+
+
+def projected_minutes(cfg: Config, img_s: float) -> float:
+    """Time to train ImageNet with the recipe `cfg` composes (experiment=imagenet: its epochs and evaluations) on
+    one GPU at `img_s` training images a second, each evaluation of the 50,000 images at EVAL_SPEEDUP times it."""
+    run, mlperf = cfg.run, cfg.mlperf
+    evaluations = len(eval_epochs(run.max_epochs, mlperf.first_eval, mlperf.eval_every))
+    train_s = run.max_epochs * IMAGENET_TRAIN_IMAGES / img_s
+    return (train_s + evaluations * IMAGENET_EVAL_IMAGES / (EVAL_SPEEDUP * img_s)) / 60
 
 
 if __name__ == "__main__":
