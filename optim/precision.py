@@ -12,8 +12,9 @@ A policy is applied to a model by `MixedPrecision`:
   of the batch's equal shares with its own stream: the IPU's 16-bit arithmetic with a different seed on every
   replica.
 - A 16-bit master (the ".16" policies) is kept as fp32 tensors that hold 16-bit values: after each update the
-  optimizer's fp32 result is rounded back, stochastically (unbiased, seeded per rank) or to nearest. Only
-  convolution and linear weights have 16-bit masters.
+  optimizer's fp32 result is rounded back, stochastically (unbiased, seeded per rank) or to nearest, in one
+  pass over one flat buffer that those weights are views of. Only convolution and linear weights have 16-bit
+  masters.
 - BatchNorm (statistics and parameters), the loss and the optimizer's arithmetic run in fp32 under every
   policy: BatchNorm's input is cast to fp32 by a hook, its parameters are never cast. With `batchnorm_16bit`,
   native 16-bit compute gives BatchNorm its 16-bit input as it is: PyTorch's CPU and CUDA kernels (cuDNN's for
@@ -176,7 +177,9 @@ class MixedPrecision:
         if policy.emulated:
             first = next(m for m in model.modules() if isinstance(m, LOW_PRECISION_LAYERS))
             first.register_forward_pre_hook(self._input_rounded)  # the image, as the device stores it
-        if self.master != torch.float32:
+        # 16-bit masters: the weights become views of one buffer, which each update rounds in one pass
+        self.masters = flatten(list(self.low_precision.values())) if self.master != torch.float32 else None
+        if self.masters is not None:
             self._round_masters(stochastic=False)  # start from the 16-bit values nearest the initialisation
 
     def forward(self, model: nn.Module, images: torch.Tensor) -> torch.Tensor:
@@ -237,16 +240,16 @@ class MixedPrecision:
     @torch.no_grad()
     def after_update(self) -> None:
         """Bring 16-bit masters back onto their grid after the optimizer's fp32 arithmetic."""
-        if self.master != torch.float32:
+        if self.masters is not None:
             self._round_masters(stochastic=self.policy.stochastic_rounding)
 
     @torch.no_grad()
     def _round_masters(self, stochastic: bool) -> None:
-        for param in self.low_precision.values():
-            if stochastic:
-                param.copy_(round_stochastic(param, self.master, self.generator))
-            else:
-                param.copy_(param.to(self.master))
+        assert self.masters is not None
+        if stochastic:
+            self.masters.copy_(round_stochastic(self.masters, self.master, self.generator))
+        else:
+            self.masters.copy_(self.masters.to(self.master))
 
     def state_dict(self) -> dict[str, Any]:
         return {"scaler": self.scaler.state_dict(), "generator": self.generator.get_state()}
@@ -254,6 +257,23 @@ class MixedPrecision:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.scaler.load_state_dict(state["scaler"])
         self.generator.set_state(state["generator"])
+
+
+@torch.no_grad()
+def flatten(params: list[torch.Tensor]) -> torch.Tensor:
+    """One flat fp32 buffer holding `params`' values, each param's data made a view of its part with its own
+    shape and strides (contiguous or channels-last), so an op over the buffer is an op over every param. The
+    params stay the same objects: optimizers, hooks and state_dict loading (which copies in place) see no change."""
+    flat = torch.empty(sum(p.numel() for p in params), dtype=torch.float32, device=params[0].device)
+    offset = 0
+    for param in params:
+        if not (param.is_contiguous() or param.is_contiguous(memory_format=torch.channels_last)):
+            raise ValueError(f"a parameter of shape {tuple(param.shape)} has strides {param.stride()}, not a layout")
+        view = flat.as_strided(param.shape, param.stride(), offset)
+        view.copy_(param)
+        param.data = view
+        offset += param.numel()
+    return flat
 
 
 class StochasticStreams:

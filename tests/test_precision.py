@@ -16,9 +16,11 @@ import torch
 from torch import nn
 
 from backends.native import NativeBackend
+from models import batchnorm, build_resnet50
+from optim import precision
 from optim.lars import LARS
 from optim.params import param_groups
-from optim.precision import DTYPES, NonFiniteLoss, Policy, emulates
+from optim.precision import DTYPES, MixedPrecision, NonFiniteLoss, Policy, emulates
 from optim.sgd import FusedSGD
 from tests.conftest import REPO
 
@@ -144,6 +146,29 @@ def test_batchnorm_16bit_takes_native_16_bit_activations_as_they_are_and_steps_a
     torch.testing.assert_close(losses[1], losses[0], rtol=1e-2, atol=0)  # one bf16 rounding of BatchNorm's output
     for theirs, ours in zip(cast.model.parameters(), as_is.model.parameters(), strict=True):
         torch.testing.assert_close(ours, theirs, rtol=2**-7, atol=1e-3)  # 16-bit masters: a rounding may flip
+
+
+@pytest.mark.parametrize("name", ["fp16.16", "bf16.16"])
+def test_16_bit_masters_are_views_of_one_buffer_that_an_update_rounds_in_one_pass(name, monkeypatch):
+    backend = backend_for(POLICIES[name])
+    masters, params = backend.precision.masters, list(backend.precision.low_precision.values())
+    assert masters is not None and masters.numel() == sum(p.numel() for p in params)
+    assert {p.untyped_storage().data_ptr() for p in params} == {masters.untyped_storage().data_ptr()}
+    rounded: list[int] = []
+    original = precision.round_stochastic
+    monkeypatch.setattr(precision, "round_stochastic", lambda x, *args: rounded.append(x.numel()) or original(x, *args))
+    backend.train_step(*batch(), lr=0.1)
+    assert rounded == [masters.numel()]
+
+
+def test_a_channels_last_model_keeps_its_layout_and_weights_in_the_masters_buffer():
+    torch.manual_seed(0)
+    model = build_resnet50(10, batchnorm(0.1, 1e-5), channels_last=True)
+    before = {name: p.detach().clone() for name, p in model.named_parameters()}
+    mixed = MixedPrecision(POLICIES["bf16.16"], model, torch.device("cpu"), seed=0)
+    for name, param in mixed.low_precision.items():
+        assert param.is_contiguous(memory_format=torch.channels_last) or param.dim() != 4, name
+        assert torch.equal(param, before[name].to(torch.bfloat16).float()), name  # rounded to nearest, in place
 
 
 def test_emulated_fp16_rounds_every_layer_output_to_fp16():
