@@ -67,7 +67,8 @@ def make_loader(cfg: Config, split: Split, topology: Topology, *, train: bool, d
         corrupt=data.corrupt,
         max_pixels=data.max_pixels,
         cache_bytes=data.cache_bytes,
-        decode_on=device if data.decode == "gpu" else None,
+        device=device,
+        decode_on_device=data.decode == "gpu",
     )
 
 

@@ -220,7 +220,7 @@ class Loader:
         device: torch.device | None = None,
     ):
         self.dataset = dataset
-        self.device = device  # where Encoded batches are decoded
+        self.device = device  # where Encoded batches are decoded, and where a CUDA device's batches are sent ahead
         self.sampler = sampler
         self.batch = batch
         self.skipped: dict[str, str] = {}
@@ -273,6 +273,11 @@ class Loader:
         return len(self._loader)
 
     def __iter__(self) -> Iterator[Batch]:
+        if self.device is not None and self.device.type == "cuda" and not self.dataset.encoded:
+            return sent_ahead(self._batches(), self.device)
+        return self._batches()
+
+    def _batches(self) -> Iterator[Batch]:
         batches = iter(self._loader)
         while True:
             started = time.perf_counter()
@@ -332,6 +337,26 @@ class Loader:
         return torch.from_numpy(pixels), label
 
 
+def sent_ahead(batches: Iterator[Batch], device: torch.device) -> Iterator[Batch]:
+    """The batches on a CUDA `device`, each copied on a side stream while the step before it runs: the copy of
+    batch k + 1 is queued before batch k is handed over, and the compute stream waits for a copy only where it
+    uses its batch."""
+    side = torch.cuda.Stream(device)
+    pending: Batch | None = None
+    for images, labels in batches:
+        with torch.cuda.stream(side):
+            copied = (images.to(device, non_blocking=True), labels.to(device, non_blocking=True))
+        if pending is not None:
+            yield pending
+        compute = torch.cuda.current_stream(device)
+        compute.wait_stream(side)
+        for tensor in copied:
+            tensor.record_stream(compute)  # its memory is not reused before the compute stream is done with it
+        pending = copied
+    if pending is not None:
+        yield pending
+
+
 _unclosed: weakref.WeakSet[Loader] = weakref.WeakSet()
 
 
@@ -362,12 +387,14 @@ def build_loader(
     corrupt: str = "skip",
     cache_bytes: bool = False,
     max_pixels: int = jpeg.MAX_PIXELS,
-    decode_on: torch.device | None = None,
+    device: torch.device | None = None,
+    decode_on_device: bool = False,
 ) -> Loader:
-    """Full batches (training) or every sample with a trailing partial batch (evaluation), uint8 NHWC: decoded
-    by the workers, or with `decode_on` (data.decode=gpu), by that device from the bytes the workers read."""
-    encoded = decode_on is not None
+    """Full batches (training) or every sample with a trailing partial batch (evaluation), uint8 NHWC, for the
+    training `device` (a CUDA one gets each batch copied ahead on a side stream): decoded by the workers, or with
+    `decode_on_device` (data.decode=gpu), by the device from the bytes the workers read."""
+    encoded = decode_on_device
     dataset = BatchDataset(
         split, crops, corrupt=corrupt, cache_bytes=cache_bytes, max_pixels=max_pixels, encoded=encoded
     )
-    return Loader(dataset, sampler, batch=batch, workers=workers, pin=pin_memory and not encoded, device=decode_on)
+    return Loader(dataset, sampler, batch=batch, workers=workers, pin=pin_memory and not encoded, device=device)

@@ -43,6 +43,7 @@ from tests.test_stochastic_rounding import FP16_TINY, Z_LIMIT, neighbours, proba
 GPU = torch.cuda.is_available()
 needs_gpu = pytest.mark.skipif(not GPU, reason="needs a CUDA GPU: torch.cuda.is_available() is False here")
 CUDA = torch.device("cuda", 0)
+CPU = torch.device("cpu")
 tiny_tree = test_data.tiny_tree  # the fixture: a folder dataset of six training and four validation JPEGs
 IGNORE_NO_ACCELERATOR = "ignore:'pin_memory' argument is set as true but no accelerator:UserWarning"
 
@@ -117,13 +118,16 @@ def test_a_loader_asked_to_pin_gives_the_same_batches_with_or_without_a_gpu(tiny
 @pytest.mark.cuda
 @needs_gpu
 @pytest.mark.parametrize("workers", [0, 1])
-def test_batches_for_a_gpu_arrive_pinned_and_copy_to_it_asynchronously(tiny_tree: Path, workers: int) -> None:
+def test_batches_for_a_gpu_arrive_on_it_copied_ahead_on_a_side_stream(tiny_tree: Path, workers: int) -> None:
+    on_host = list(make_loader(config(workers), train_split(tiny_tree), Topology(), train=True, device=CPU))
     loader = make_loader(config(workers), train_split(tiny_tree), Topology(), train=True, device=CUDA)
-    images, labels = next(iter(loader))
-    assert images.is_pinned() and labels.is_pinned()
-    on_gpu = images.to(CUDA, non_blocking=True), labels.to(CUDA, non_blocking=True)
+    assert loader._loader.pin_memory  # the side stream's copies are from pinned memory, so they do not block
+    on_gpu = [(images.clone(), labels.clone()) for images, labels in loader]  # clones: on the compute stream
     torch.cuda.synchronize()
-    assert on_gpu[0].is_cuda and torch.equal(on_gpu[0].cpu(), images) and torch.equal(on_gpu[1].cpu(), labels)
+    assert len(on_gpu) == len(on_host) == 3
+    for (images, labels), (expected, expected_labels) in zip(on_gpu, on_host, strict=True):
+        assert images.is_cuda and labels.is_cuda
+        assert torch.equal(images.cpu(), expected) and torch.equal(labels.cpu(), expected_labels)
 
 
 # Stopwatch (distributed/allreduce.py): wall time on the CPU, CUDA events on a GPU

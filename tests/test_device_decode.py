@@ -72,7 +72,7 @@ def test_a_loader_decoding_on_the_device_gives_the_workers_batches(
     monkeypatch.setattr(loader, "decode_crops", lambda *args: calls.append(len(args[0])) or decode_crops(*args))
     with (
         loader_for(tiny_tree, workers=workers, batch=2) as on_host,
-        loader_for(tiny_tree, workers=workers, batch=2, decode_on=CPU) as on_device,
+        loader_for(tiny_tree, workers=workers, batch=2, device=CPU, decode_on_device=True) as on_device,
     ):
         for (images, labels), (ours, our_labels) in zip(on_host, on_device, strict=True):
             assert torch.equal(our_labels, labels) and ours.shape == images.shape and ours.device == CPU
@@ -89,7 +89,10 @@ def test_a_file_the_device_cannot_decode_is_decoded_on_the_host_and_one_without_
     png.write_bytes(jpeg_samples.png(130, 160))
     bad = tiny_tree / "train" / "n02" / "n02_0.JPEG"
     bad.write_bytes(b"\xff\xd8\xff garbage")
-    with loader_for(tiny_tree, batch=2) as on_host, loader_for(tiny_tree, batch=2, decode_on=CPU) as on_device:
+    with (
+        loader_for(tiny_tree, batch=2) as on_host,
+        loader_for(tiny_tree, batch=2, device=CPU, decode_on_device=True) as on_device,
+    ):
         for _ in range(2):  # two epochs: the bad file is met twice, reported once
             expected, batches = list(on_host), list(on_device)
     assert [labels.tolist() for _, labels in batches] == [labels.tolist() for _, labels in expected]
@@ -104,7 +107,7 @@ def test_a_file_without_a_header_ends_the_run_by_policy(tiny_tree: Path) -> None
     bad.write_bytes(b"")
     for workers in (0, 1):
         with pytest.raises(DatasetError, match=r"n01_0\.JPEG"):
-            list(loader_for(tiny_tree, split="val", workers=workers, corrupt="fail", decode_on=CPU))
+            list(loader_for(tiny_tree, split="val", workers=workers, corrupt="fail", device=CPU, decode_on_device=True))
 
 
 @pytest.mark.parametrize(("decode", "on_device"), [("gpu", True), ("cpu", False)])
@@ -112,4 +115,4 @@ def test_data_decode_picks_who_decodes(tiny_tree: Path, decode: str, on_device: 
     cfg = composed("data=imagenet", f"data.root={tiny_tree}", "data.global_batch=2", f"data.decode={decode}")
     train, _ = open_splits(cfg, Topology())
     made = make_loader(cfg, train, Topology(), train=True, device=CPU)
-    assert made.dataset.encoded is on_device and made.device == (CPU if on_device else None)
+    assert made.dataset.encoded is on_device and made.device == CPU
