@@ -100,7 +100,8 @@ class NativeBackend:
         """ResNet-50 with the configured norm layer, LARS or SGD with the MLPerf parameter groups, and the precision
         policy, bound to this rank's device."""
         device = cls.select_device(cfg.device, topology.local_rank)
-        model = build_resnet50(classes, norm_layer(cfg), cfg.model.zero_init_residual, cfg.device.channels_last)
+        layout = {"channels_last": cfg.device.channels_last, "four_channel_input": cfg.device.pad_input_channels}
+        model = build_resnet50(classes, norm_layer(cfg), cfg.model.zero_init_residual, **layout)
         return cls(model, optimizer_for(cfg, model), device, **settings(cfg, device))
 
     @staticmethod

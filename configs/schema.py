@@ -102,6 +102,7 @@ class DeviceConfig:
     # inside its kernel) instead of a copy cast to fp32 first; None: on CUDA only
     bn_16bit_input: bool | None = None
     compile: bool = False  # torch.compile the model (its forward and backward; the first steps compile)
+    pad_input_channels: bool = False  # the first convolution over 4 channels, a zero one added (cuDNN's fp16)
     system: System | None = None  # ipu_sim: the simulated IPU system (configs/device/<system>.yaml)
     # ipu_sim only: how a run is laid out on the system (Graphcore's PopTorch names in ../shared/reference/ipu.md)
     replicas: int = 1  # data-parallel copies of the model, over all ranks (each rank runs its share)
@@ -114,7 +115,13 @@ class DeviceConfig:
 
 # The config's options for speed on a native device, as dotted keys: the GPU check (bench/gpu/step.py) times the
 # step with all of them off, then with each one on alone. An option added for speed joins this list.
-SPEED_OPTIONS = ("device.channels_last", "device.foreach", "device.bn_16bit_input", "device.compile")
+SPEED_OPTIONS = (
+    "device.channels_last",
+    "device.foreach",
+    "device.bn_16bit_input",
+    "device.compile",
+    "device.pad_input_channels",
+)
 
 
 @dataclass

@@ -6,6 +6,7 @@ from collections.abc import Callable
 from functools import partial
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 from torchvision.models.resnet import Bottleneck, ResNet
 
@@ -48,6 +49,17 @@ class ResNet50(ResNet):
         return super().forward(self.normalize(images))
 
 
+class FourChannelConv2d(nn.Conv2d):
+    """A convolution of a 3-channel input computed as one of 4 channels, a zero channel added to the input and
+    to the weight (whose parameter stays 3-channel, so the state_dict is torchvision's): cuDNN's fp16 kernels for
+    a 3-channel first layer are slow, backward most (pytorch#54404), and NVIDIA pads its input to 4 channels."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        pad = (0, 0, 0, 0, 0, 1)  # F.pad's order: last dim first, so this adds one channel after the three
+        out: torch.Tensor = self._conv_forward(F.pad(x, pad), F.pad(self.weight, pad), self.bias)
+        return out
+
+
 def init_mlperf(model: ResNet, zero_init_residual: bool) -> None:
     """The MLPerf reference initialisation: He-normal convolutions (fan-in, as Keras' he_normal), fc weights
     normal with std 0.01 and zero bias, BN gamma 1 and beta 0, optionally gamma 0 on each block's last BN."""
@@ -76,7 +88,12 @@ def build_resnet50(
     norm_layer: NormLayer,
     zero_init_residual: bool = True,
     channels_last: bool = False,
+    four_channel_input: bool = False,
 ) -> ResNet50:
     memory_format = torch.channels_last if channels_last else torch.contiguous_format
     model = ResNet50(num_classes, norm_layer, zero_init_residual, memory_format)
+    if four_channel_input:
+        first = model.conv1
+        model.conv1 = FourChannelConv2d(3, first.out_channels, 7, stride=2, padding=3, bias=False)
+        model.conv1.weight = first.weight  # the initialised parameter itself
     return model.to(memory_format=memory_format)

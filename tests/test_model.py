@@ -1,3 +1,4 @@
+import pytest
 import torch
 import torchvision
 from torchvision.models.resnet import Bottleneck
@@ -61,6 +62,23 @@ def test_channels_last_gives_the_same_logits():
     plain.eval()
     channels_last.eval()
     torch.testing.assert_close(plain(images), channels_last(images), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_a_first_layer_over_four_channels_computes_what_three_do(channels_last):
+    """device.pad_input_channels: the same parameters (torchvision's keys and shapes), logits and gradients."""
+    images = torch.randint(0, 256, (2, 48, 48, 3), dtype=torch.uint8)
+    three, four = (
+        small_model(channels_last=channels_last),
+        small_model(channels_last=channels_last, four_channel_input=True),
+    )
+    assert {k: v.shape for k, v in four.state_dict().items()} == {k: v.shape for k, v in three.state_dict().items()}
+    four.load_state_dict(three.state_dict())
+    logits = [model(images) for model in (three, four)]
+    torch.testing.assert_close(logits[1], logits[0], rtol=1e-4, atol=1e-4)
+    for out in logits:
+        out.square().mean().backward()
+    torch.testing.assert_close(four.conv1.weight.grad, three.conv1.weight.grad, rtol=1e-4, atol=1e-6)
 
 
 def test_label_smoothed_loss_matches_the_direct_formula():
