@@ -14,6 +14,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
+from backends.graphs import GraphedStep, restore_in_place, why_not_captured
 from configs.schema import Config, ConfigError, DeviceConfig
 from distributed import Topology
 from distributed.allreduce import GradientBuckets, Stopwatch
@@ -65,6 +66,7 @@ class NativeBackend:
         overlap: bool = False,
         batchnorm_16bit: bool = False,
         compiled: bool = False,
+        cuda_graphs: bool = False,
     ) -> None:
         self.model = model.to(device)
         if compiled:
@@ -77,6 +79,8 @@ class NativeBackend:
         self.precision = MixedPrecision(policy or Policy(), self.model, device, seed, batchnorm_16bit)
         self.params = [p for group in optimizer.param_groups for p in group["params"]]
         self.lr = self.shared_lr(optimizer, device)
+        self.capture = cuda_graphs  # capture the step at its first call (device.cuda_graphs)
+        self.graphed: GraphedStep | None = None
         several_ranks = dist.is_initialized() and dist.get_world_size() > 1
         self.gradients = (
             GradientBuckets(self.params, bucket_mb=bucket_mb, overlap=overlap)
@@ -137,9 +141,19 @@ class NativeBackend:
         optimizer takes its lr and loss scaling's verdict on the device (LARS, fused SGD)."""
         self.model.train()
         self.set_lr(lr)
-        self.gradients.zero_()
         images = images.to(self.device, non_blocking=True)
         labels = labels.to(self.device, non_blocking=True)
+        if self.capture and self.graphed is None:
+            self.graphed = self.captured(images, labels)
+        if self.graphed is None:
+            return self.update(images, labels)
+        loss = self.graphed(images, labels)
+        self.precision.replayed()
+        return loss
+
+    def update(self, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """The step after its lr is set: forward and backward of each pass, the reduced gradients, the update."""
+        self.gradients.zero_()
         passes = self.forward_passes(images, labels)
         total = self.run_passes(passes)
         self.gradients.reduce()
@@ -147,6 +161,29 @@ class NativeBackend:
             self.optimizer.step()
             self.precision.after_update()
         return total / len(passes)
+
+    def captured(self, images: torch.Tensor, labels: torch.Tensor) -> GraphedStep | None:
+        """The step in a CUDA graph (device.cuda_graphs), from this batch's shapes; None, and the reason said,
+        where it cannot be. The warm-up steps before the capture are undone: the run is as if they never were."""
+        self.capture = False
+        ranks = dist.get_world_size() if dist.is_initialized() else 1
+        policy = self.precision.policy
+        why = why_not_captured(self.device, self.lr is not None, policy.master == "fp32", ranks)
+        if why is not None:
+            print(f"device.cuda_graphs: {why}; the step runs eagerly", flush=True)
+            return None
+        state, rank_state = copy.deepcopy(self.state_dict()), copy.deepcopy(self.rank_state_dict())
+        optimizer_state = {
+            p: {k: v.clone() for k, v in s.items() if torch.is_tensor(v)} for p, s in self.optimizer.state.items()
+        }
+
+        def restore() -> None:
+            self.model.load_state_dict(state["model"])
+            restore_in_place(self.optimizer, optimizer_state)
+            self.precision.load_state_dict(state["precision"])
+            self.load_rank_state_dict(rank_state)
+
+        return GraphedStep(self.update, images, labels, restore)
 
     def set_lr(self, lr: float) -> None:
         """The step's lr: written into a device tensor the optimizer's groups share where it takes one (the value
@@ -274,4 +311,5 @@ def settings(cfg: Config, device: torch.device) -> dict[str, Any]:
         "overlap": cfg.dist.overlap,
         "batchnorm_16bit": device.type == "cuda" if cfg.device.bn_16bit_input is None else cfg.device.bn_16bit_input,
         "compiled": cfg.device.compile,
+        "cuda_graphs": cfg.device.cuda_graphs,
     }

@@ -103,6 +103,7 @@ class DeviceConfig:
     bn_16bit_input: bool | None = None
     compile: bool = False  # torch.compile the model (its forward and backward; the first steps compile)
     pad_input_channels: bool = False  # the first convolution over 4 channels, a zero one added (cuDNN's fp16)
+    cuda_graphs: bool = False  # the train step captured once in a CUDA graph and replayed (where it can be)
     system: System | None = None  # ipu_sim: the simulated IPU system (configs/device/<system>.yaml)
     # ipu_sim only: how a run is laid out on the system (Graphcore's PopTorch names in ../shared/reference/ipu.md)
     replicas: int = 1  # data-parallel copies of the model, over all ranks (each rank runs its share)
@@ -121,6 +122,7 @@ SPEED_OPTIONS = (
     "device.bn_16bit_input",
     "device.compile",
     "device.pad_input_channels",
+    "device.cuda_graphs",
 )
 
 

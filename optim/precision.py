@@ -237,6 +237,12 @@ class MixedPrecision:
         self.scaler.check()
         return not bool(found_inf)  # the host sync of a loss-scaled step
 
+    def replayed(self) -> None:
+        """A captured step was replayed: loss scaling counts it, as the captured Python did once."""
+        if self.scaler.enabled:
+            self.scaler.unchecked += 1
+            self.scaler.check(every=self.scaler.max_skipped)
+
     @torch.no_grad()
     def after_update(self) -> None:
         """Bring 16-bit masters back onto their grid after the optimizer's fp32 arithmetic."""

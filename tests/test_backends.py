@@ -8,6 +8,7 @@ import torch
 from torch._dynamo.utils import counters
 
 import backends
+from backends.graphs import why_not_captured
 from backends.ipu_sim.backend import IpuSimBackend
 from backends.native import NativeBackend, norm_layer, settings
 from configs.schema import DEVICES, Config, ConfigError, batch_shape
@@ -198,3 +199,32 @@ def test_a_pipeline_split_that_is_not_a_module_boundary_is_a_config_error(split,
     with pytest.raises(ConfigError) as refused:
         backends.from_config(cfg, classes=4, topology=Topology())
     assert refused.value.key == "device.pipeline_splits" and str(refused.value).endswith(message)
+
+
+@pytest.mark.parametrize(
+    ("device", "device_lr", "fp32_masters", "ranks", "reason"),
+    [
+        ("cpu", True, True, 1, "there is no CUDA graph on cpu"),
+        ("cuda", False, True, 1, "the optimizer reads its lr on the host"),
+        ("cuda", True, False, 1, "16-bit masters round with a generator"),
+        ("cuda", True, True, 2, "the gradient all-reduce over several ranks"),
+        ("cuda", True, True, 1, None),
+    ],
+)
+def test_a_step_is_captured_only_where_nothing_in_it_needs_the_host(device, device_lr, fp32_masters, ranks, reason):
+    why = why_not_captured(torch.device(device), device_lr, fp32_masters, ranks)
+    assert why == reason if reason is None else why.startswith(reason)
+
+
+def test_cuda_graphs_on_the_cpu_says_why_and_trains_eagerly(capsys):
+    shape = ("data.image_size=32", "data.eval_resize=32", "data.global_batch=4", "precision=fp32")
+    built = []
+    for graphs in ("false", "true"):
+        torch.manual_seed(0)
+        built.append(backends.from_config(composed(*shape, f"device.cuda_graphs={graphs}"), 4, Topology()))
+    losses = trained_side_by_side(built, (4, 32), classes=4)
+    out = capsys.readouterr().out
+    assert out.count("device.cuda_graphs: there is no CUDA graph on cpu; the step runs eagerly") == 1
+    assert torch.equal(losses[0], losses[1])
+    for ours, theirs in zip(built[1].model.parameters(), built[0].model.parameters(), strict=True):
+        assert torch.equal(ours, theirs)

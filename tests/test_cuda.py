@@ -407,3 +407,33 @@ def test_a_batch_decoded_on_cuda_is_the_batch_decoded_on_the_cpu(tiny_tree: Path
     on_cpu = decode_crops(encoded, boxes, flips, 32, torch.device("cpu"))
     assert on_gpu.is_cuda and on_gpu.shape == on_cpu.shape == (len(files), 32, 32, 3)
     assert (on_gpu.cpu().int() - on_cpu.int()).abs().float().mean() < 2  # nvJPEG's IDCT against libjpeg-turbo's
+
+
+# backends.graphs: device.cuda_graphs (the CPU side: tests/test_backends.py)
+
+
+@pytest.mark.cuda
+@needs_gpu
+@pytest.mark.parametrize("name", ["fp32", "bf16", "fp16.32"])
+def test_a_captured_step_trains_as_the_eager_one(name: str) -> None:
+    """The first step captures (its warm-up steps undone), every later one replays: the losses and weights of
+    eager steps, the loss scale kept on the device."""
+    built = []
+    for cuda_graphs in (False, True):
+        torch.manual_seed(0)
+        model = build_resnet50(10, batchnorm(0.1, 1e-5), channels_last=True)
+        optimizer = LARS(param_groups(model, 5e-5), lr=0.1, foreach=None)
+        policy = CUDA_POLICIES[name]
+        built.append(NativeBackend(model, optimizer, CUDA, label_smoothing=0.1, policy=policy, cuda_graphs=cuda_graphs))
+    eager, graphed = built
+    batches = [tuple(t.to(CUDA) for t in images_and_labels(step)) for step in range(4)]
+    for step, batch in enumerate(batches):
+        losses = [backend.train_step(*batch, lr=0.1 / (step + 1)) for backend in built]
+        torch.testing.assert_close(losses[1], losses[0], rtol=1e-3, atol=1e-4, msg=f"step {step}")
+    assert graphed.graphed is not None and eager.graphed is None
+    assert graphed.loss_scale == eager.loss_scale and graphed.skipped_steps == eager.skipped_steps
+    for ours, theirs in zip(graphed.model.state_dict().values(), eager.model.state_dict().values(), strict=True):
+        if ours.is_floating_point():
+            assert (ours - theirs).norm() <= 0.01 * theirs.norm() + 1e-6
+        else:
+            assert torch.equal(ours, theirs)  # BatchNorm's count: the warm-up's batches not counted
