@@ -239,9 +239,12 @@ class NativeBackend:
         stream), so the first timed step finds its code compiled and the run unchanged."""
         state, rank_state = copy.deepcopy(self.state_dict()), copy.deepcopy(self.rank_state_dict())
         generator = torch.Generator().manual_seed(0)
-        for batch, step in ((train_batch, partial(self.train_step, lr=0.0)), (eval_batch, self.eval_step)):
+        self.model.train()
+        self.set_lr(0.0)
+        for batch, step in ((train_batch, self.update), (eval_batch, self.eval_step)):  # update: never captured
             images = torch.randint(0, 256, (batch, image_size, image_size, 3), dtype=torch.uint8, generator=generator)
-            step(images, torch.randint(0, classes, (batch,), generator=generator))
+            labels = torch.randint(0, classes, (batch,), generator=generator)
+            step(images.to(self.device), labels.to(self.device))
         self.load_state_dict(state)
         self.load_rank_state_dict(rank_state)
         self.gradients.waited = Stopwatch(self.gradients.waited.device)  # the epochs' all-reduce time starts at 0
