@@ -181,3 +181,5 @@ def test_the_time_to_train_is_projected_from_the_imagenet_recipe(tmp_path: Path)
     evaluations = len({3, 7, 11, 15, 19, 23, 27, 31, 35, 38})  # first_eval 3, every 4, and the last epoch
     expected_s = 38 * 1_281_167 / 6000 + evaluations * 50_000 / (3 * 6000)
     assert pipeline.projected_minutes(cfg, img_s=6000) == pytest.approx(expected_s / 60)
+    measured_eval_s = 38 * 1_281_167 / 6000 + evaluations * 50_000 / 12_000  # the step stage's eval rate
+    assert pipeline.projected_minutes(cfg, img_s=6000, eval_img_s=12_000) == pytest.approx(measured_eval_s / 60)

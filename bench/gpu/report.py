@@ -88,6 +88,7 @@ def _e2e(e2e: Figures) -> list[str]:
         lines += [
             "",
             f"Projected time to train ImageNet to 75.9 % on this one GPU at that rate: {e2e['projected_ttt_min']} min"
-            " (experiment=imagenet's epochs and evaluations; evaluation assumed 3x the training rate)",
+            f" (experiment=imagenet's epochs and evaluations; evaluation at {e2e.get('eval_img_s')} img/s, the"
+            " step stage's best row, or assumed at 3x the training rate)",
         ]
     return lines

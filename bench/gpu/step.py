@@ -11,7 +11,7 @@ timed ones), with its peak GPU memory:
   sgd            the harness in bf16 with optim=sgd: the bare loop's optimizer
   base, +OPTION  the harness in bf16 with every speed option of the config off, then each one on alone
                  (configs.schema.SPEED_OPTIONS: the set grows as options are added)
-  best           bf16 with every option that beat base on together (the e2e stage's step)
+  best           bf16 with every option that beat base on together (the e2e stage's step), and its eval rate
   bare_again     the bare loop once more, last: how far two timings of the same loop differ
 
 cuDNN's autotuner (torch.backends.cudnn.benchmark) is on for every row, as every GPU training script sets it.
@@ -68,13 +68,13 @@ def timm_model() -> torch.nn.Module:
     return timm.create_model("resnet50", num_classes=CLASSES)
 
 
-def harness(overrides: list[str], sizes: stage.Sizes, images: torch.Tensor, labels: torch.Tensor) -> Step:
-    """The harness's train step, built from the config as train.py builds it."""
+def harness(overrides: list[str], sizes: stage.Sizes, images: torch.Tensor, labels: torch.Tensor) -> tuple[Step, Step]:
+    """The harness's train step and eval step, built from the config as train.py builds them."""
     shape = [f"data.global_batch={sizes.batch}", f"data.image_size={sizes.image}", f"data.eval_resize={sizes.image}"]
     cfg = stage.composed([f"device={images.device.type}", *shape, *overrides])
     backend = backends.from_config(cfg, CLASSES, Topology())
     lr = cfg.optim.base_lr / 100  # small enough to stay finite
-    return lambda: backend.train_step(images, labels, lr)
+    return (lambda: backend.train_step(images, labels, lr)), (lambda: backend.eval_step(images, labels))
 
 
 def rows() -> dict[str, list[str] | str]:
@@ -103,15 +103,20 @@ def best(measured: stage.Figures) -> list[str]:
     return ["precision=bf16", *options]
 
 
-def measure(row: list[str] | str, sizes: stage.Sizes, images: torch.Tensor, labels: torch.Tensor) -> stage.Figures:
+def measure(
+    row: list[str] | str, sizes: stage.Sizes, images: torch.Tensor, labels: torch.Tensor, evaluation: bool = False
+) -> stage.Figures:
+    """A row's training rate, last loss and peak memory; with `evaluation`, a harness row's eval rate too (the
+    projected time to train takes it)."""
     if torch.cuda.is_available():
         torch.cuda.reset_peak_memory_stats()
+    evaluate = None
     if row == "torchvision":
         step = plain_loop(torchvision.models.resnet50(num_classes=CLASSES), images, labels)
     elif row == "timm":
         step = plain_loop(timm_model(), images, labels)
     else:
-        step = harness(row, sizes, images, labels)
+        step, evaluate = harness(row, sizes, images, labels)
     seconds = stage.timed_steps(step, sizes.warmup, sizes.steps)
     loss = float(step())
     if not math.isfinite(loss):
@@ -119,6 +124,8 @@ def measure(row: list[str] | str, sizes: stage.Sizes, images: torch.Tensor, labe
     figures: stage.Figures = {"img_s": round(sizes.steps * sizes.batch / seconds, 1), "loss": round(loss, 3)}
     if torch.cuda.is_available():
         figures["peak_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
+    if evaluation and evaluate is not None:
+        figures["eval_img_s"] = round(sizes.steps * sizes.batch / stage.timed_steps(evaluate, 2, sizes.steps), 1)
     return figures
 
 
@@ -133,7 +140,7 @@ def measure_row(
 ) -> None:
     """Measure one row into `measured` (or its failure, its name into `failed`), then free what it held."""
     try:
-        measured[name] = measure(row, sizes, images, labels)
+        measured[name] = measure(row, sizes, images, labels, evaluation=name == "best")
     except ModuleNotFoundError as err:
         measured[name] = f"skipped: {err}"
     except Exception as err:  # one row's failure must not cost the others their figures
