@@ -63,4 +63,7 @@ def restore_in_place(optimizer: torch.optim.Optimizer, saved: dict[torch.Tensor,
         for key, value in state.items():
             if isinstance(value, torch.Tensor):
                 before = saved.get(param, {}).get(key)
-                value.copy_(before) if before is not None else value.zero_()
+                if before is None:
+                    value.zero_()
+                else:
+                    value.copy_(before)

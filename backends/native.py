@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import time
+from collections.abc import Callable
 from contextlib import AbstractContextManager
 from functools import partial
 from typing import Any, Self
@@ -172,18 +173,29 @@ class NativeBackend:
         if why is not None:
             print(f"device.cuda_graphs: {why}; the step runs eagerly", flush=True)
             return None
-        state, rank_state = copy.deepcopy(self.state_dict()), copy.deepcopy(self.rank_state_dict())
+        restore_the_rest = self.restorer()
         optimizer_state = {
             p: {k: v.clone() for k, v in s.items() if torch.is_tensor(v)} for p, s in self.optimizer.state.items()
         }
 
-        def restore() -> None:
-            self.model.load_state_dict(state["model"])
+        def restore() -> None:  # in place: the graph keeps the optimizer state's tensors
+            restore_the_rest()
             restore_in_place(self.optimizer, optimizer_state)
-            self.precision.load_state_dict(state["precision"])
-            self.load_rank_state_dict(rank_state)
 
         return GraphedStep(self.update, images, labels, restore)
+
+    def restorer(self) -> Callable[[], None]:
+        """A function that puts back, in place, what a step changes besides the optimizer: the weights, the loss
+        scale and the rounding stream, the BatchNorm statistics."""
+        model, precision = copy.deepcopy(self.model.state_dict()), copy.deepcopy(self.precision.state_dict())
+        rank_state = copy.deepcopy(self.rank_state_dict())
+
+        def restore() -> None:
+            self.model.load_state_dict(model)
+            self.precision.load_state_dict(precision)
+            self.load_rank_state_dict(rank_state)
+
+        return restore
 
     def set_lr(self, lr: float) -> None:
         """The step's lr: written into a device tensor the optimizer's groups share where it takes one (the value
@@ -237,7 +249,7 @@ class NativeBackend:
         batches: the dataset is not touched): one train and one eval step of the run's shapes, after which
         everything they changed is put back (weights, optimizer, BatchNorm statistics, loss scale, rounding
         stream), so the first timed step finds its code compiled and the run unchanged."""
-        state, rank_state = copy.deepcopy(self.state_dict()), copy.deepcopy(self.rank_state_dict())
+        restore, optimizer_state = self.restorer(), copy.deepcopy(self.optimizer.state_dict())
         generator = torch.Generator().manual_seed(0)
         self.model.train()
         self.set_lr(0.0)
@@ -245,8 +257,8 @@ class NativeBackend:
             images = torch.randint(0, 256, (batch, image_size, image_size, 3), dtype=torch.uint8, generator=generator)
             labels = torch.randint(0, classes, (batch,), generator=generator)
             step(images.to(self.device), labels.to(self.device))
-        self.load_state_dict(state)
-        self.load_rank_state_dict(rank_state)
+        restore()
+        self.load_optimizer_state(optimizer_state)  # as it was, without the momentum it had not made yet
         self.gradients.waited = Stopwatch(self.gradients.waited.device)  # the epochs' all-reduce time starts at 0
 
     def now(self) -> float:
@@ -261,9 +273,13 @@ class NativeBackend:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])  # its groups' lr: the saved ones, replaced next step
-        self.lr = self.shared_lr(self.optimizer, self.device)
+        self.load_optimizer_state(state["optimizer"])
         self.precision.load_state_dict(state["precision"])
+
+    def load_optimizer_state(self, state: dict[str, Any]) -> None:
+        """torch's load, whose groups' lr are the saved ones: the shared device lr is made again (set each step)."""
+        self.optimizer.load_state_dict(state)
+        self.lr = self.shared_lr(self.optimizer, self.device)
 
     def rank_state_dict(self) -> dict[str, Any]:
         return {"running_stats": self._running_stats()}

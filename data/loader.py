@@ -302,33 +302,32 @@ class Loader:
     def _on_device(self, batch: Encoded) -> Batch:
         """The batch decoded on the training device. A file the device does not decode (not a JPEG, CMYK, errors
         in its pixels) is decoded here by the fused decoder, or replaced, as a worker would."""
-        assert self.device is not None
-        size = self.dataset.crops.size
         files = [batch.data[start:end] for start, end in itertools.pairwise(batch.offsets.tolist())]
-        try:
-            return decode_crops(files, batch.boxes, batch.flips, size, self.device), batch.labels
-        except torch.OutOfMemoryError:
-            raise
-        except RuntimeError:  # some file of the batch: find which, one by one
-            pass
+        images = self._decoded_on_device(files, batch.boxes, batch.flips)
+        if images is not None:
+            return images, batch.labels
+        size = self.dataset.crops.size  # some file of the batch failed: find which, one by one
         images = torch.empty((len(files), size, size, 3), dtype=torch.uint8, device=self.device)
         labels = batch.labels.clone()
         for slot, file in enumerate(files):
-            images[slot], labels[slot] = self._one_on_device(file, batch, slot)
+            one = self._decoded_on_device([file], batch.boxes[slot : slot + 1], batch.flips[slot : slot + 1])
+            images[slot], labels[slot] = (one[0], labels[slot]) if one is not None else self._on_host(batch, slot)
         return images, labels
 
-    def _one_on_device(self, file: torch.Tensor, batch: Encoded, slot: int) -> tuple[torch.Tensor, int]:
-        """Sample `slot` decoded on the device, or where the device cannot, by the fused decoder here (replaced if
-        unreadable); with its label."""
+    def _decoded_on_device(self, files: list[torch.Tensor], boxes: list[Box], flips: list[bool]) -> torch.Tensor | None:
+        """`decode_crops` on the training device, or None where it refuses a file (out of memory is no refusal)."""
         assert self.device is not None
-        size = self.dataset.crops.size
-        box, flip = batch.boxes[slot : slot + 1], batch.flips[slot : slot + 1]
         try:
-            return decode_crops([file], box, flip, size, self.device)[0], int(batch.labels[slot])
+            return decode_crops(files, boxes, flips, self.dataset.crops.size, self.device)
         except torch.OutOfMemoryError:
             raise
         except RuntimeError:
-            pass
+            return None
+
+    def _on_host(self, batch: Encoded, slot: int) -> tuple[torch.Tensor, int]:
+        """Sample `slot` by the fused decoder here (replaced if unreadable, reported as a worker reports), and its
+        label."""
+        size = self.dataset.crops.size
         pixels = np.empty((size, size, 3), np.uint8)
         skipped: list[tuple[str, str]] = []
         warned: list[str] = []
@@ -393,8 +392,8 @@ def build_loader(
     """Full batches (training) or every sample with a trailing partial batch (evaluation), uint8 NHWC, for the
     training `device` (a CUDA one gets each batch copied ahead on a side stream): decoded by the workers, or with
     `decode_on_device` (data.decode=gpu), by the device from the bytes the workers read."""
-    encoded = decode_on_device
     dataset = BatchDataset(
-        split, crops, corrupt=corrupt, cache_bytes=cache_bytes, max_pixels=max_pixels, encoded=encoded
+        split, crops, corrupt=corrupt, cache_bytes=cache_bytes, max_pixels=max_pixels, encoded=decode_on_device
     )
-    return Loader(dataset, sampler, batch=batch, workers=workers, pin=pin_memory and not encoded, device=device)
+    pin = pin_memory and not decode_on_device  # the workers' bytes stay on the host
+    return Loader(dataset, sampler, batch=batch, workers=workers, pin=pin, device=device)

@@ -134,17 +134,26 @@ class LossScaler:
         if in_a_row >= self.max_skipped:
             raise NonFiniteLoss(f"{in_a_row} updates in a row had non-finite gradients (loss scale now {self.scale:g})")
 
+    def replayed(self) -> None:
+        """An update ran in a replayed CUDA graph, whose Python (`update`'s count) ran once, at the capture."""
+        self.unchecked += 1
+        self.check(every=self.max_skipped)
+
     def state_dict(self) -> dict[str, Any]:
-        tensors = (self.scale_tensor, self.good_steps, self.skipped_in_a_row, self.skipped_tensor)
-        return {k: t.item() for k, t in zip(STATE_KEYS, tensors, strict=True)}
+        return {key: tensor.item() for key, tensor in self._state().items()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        tensors = (self.scale_tensor, self.good_steps, self.skipped_in_a_row, self.skipped_tensor)
-        for key, tensor in zip(STATE_KEYS, tensors, strict=True):
+        for key, tensor in self._state().items():
             tensor.fill_(state[key])
 
-
-STATE_KEYS = ("scale", "good_steps", "skipped_in_a_row", "skipped")  # LossScaler's checkpoint, as numbers
+    def _state(self) -> dict[str, torch.Tensor]:
+        """The checkpoint's keys (numbers there, as before the state moved to the device) and their tensors."""
+        return {
+            "scale": self.scale_tensor,
+            "good_steps": self.good_steps,
+            "skipped_in_a_row": self.skipped_in_a_row,
+            "skipped": self.skipped_tensor,
+        }
 
 
 class MixedPrecision:
@@ -240,8 +249,7 @@ class MixedPrecision:
     def replayed(self) -> None:
         """A captured step was replayed: loss scaling counts it, as the captured Python did once."""
         if self.scaler.enabled:
-            self.scaler.unchecked += 1
-            self.scaler.check(every=self.scaler.max_skipped)
+            self.scaler.replayed()
 
     @torch.no_grad()
     def after_update(self) -> None:
