@@ -44,15 +44,18 @@ def test_zero_init_residual_is_optional():
     assert torch.all(model.layer1[0].bn3.weight == 1)
 
 
-def test_uint8_nhwc_input_normalised_inside_the_model():
-    model = small_model()
+@pytest.mark.parametrize("channels_last", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_uint8_nhwc_input_normalised_inside_the_model(channels_last, dtype):
+    """In the model's dtype and memory format, as the first convolution takes it."""
+    model = small_model(channels_last=channels_last).to(dtype)
     images = torch.full((1, 8, 8, 3), 0, dtype=torch.uint8)
     images[..., 1] = 255
     x = model.normalize(images)
-    assert x.shape == (1, 3, 8, 8)
-    torch.testing.assert_close(
-        x[0, :, 0, 0], (torch.tensor([0, 255, 0.0]) - torch.tensor(MEAN_RGB)) / torch.tensor(STD_RGB)
-    )
+    assert x.shape == (1, 3, 8, 8) and x.dtype == dtype
+    assert x.is_contiguous(memory_format=torch.channels_last if channels_last else torch.contiguous_format)
+    expected = (torch.tensor([0, 255, 0.0]) - torch.tensor(MEAN_RGB)) / torch.tensor(STD_RGB)
+    torch.testing.assert_close(x[0, :, 0, 0], expected.to(dtype))
 
 
 def test_channels_last_gives_the_same_logits():
