@@ -18,8 +18,9 @@ def project(cfg: Config, out_dir: Path | None) -> None:
     torch.manual_seed(cfg.run.seed)
     classes, train_images, eval_images = dataset_shape(cfg)
     plan = simulator.plan(cfg, simulator.build_model(cfg, classes))
-    workload = simulator.Workload(cfg.run.max_epochs, train_images, eval_images, cfg.mlperf.eval_every)
-    text = simulator.project(plan, simulator.system_of(cfg), workload)
+    mlperf = cfg.mlperf
+    schedule = simulator.Schedule(cfg.run.max_epochs, train_images, eval_images, mlperf.eval_every, mlperf.first_eval)
+    text = simulator.project(plan, simulator.system_of(cfg), schedule)
     print(text, flush=True)
     if out_dir is not None:
         (out_dir / "projection.txt").write_text(text + "\n")

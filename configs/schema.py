@@ -108,7 +108,8 @@ class DeviceConfig:
     # ipu_sim only: how a run is laid out on the system (Graphcore's PopTorch names in ../shared/reference/ipu.md)
     replicas: int = 1  # data-parallel copies of the model, over all ranks (each rank runs its share)
     pipeline_splits: list[str] = field(default_factory=list)  # module names that begin pipeline stages 2, 3, ...
-    device_iterations: int = 1  # weight updates per host round trip
+    device_iterations: int | None = None  # weight updates per host round trip; None: 5 round trips an epoch, as
+    # Graphcore's MLPerf train.py (one per log interval)
     recompute: str = "none"  # none | auto | module names whose outputs are checkpoints, comma-separated
     optimizer_state: str = "on_chip"  # on_chip | streaming (off-chip DDR)
     input_8bit: bool = True  # images cross the host link as uint8 and are normalised on the device
@@ -374,7 +375,8 @@ def _validate_ipu(device: DeviceConfig, dist: DistConfig, shape: BatchShape) -> 
         "dist.bn_group_size",
         f"BatchNorm groups of {dist.bn_group_size} replicas must divide the {per_rank} replicas of a rank",
     )
-    _positive(device.device_iterations, "device.device_iterations")
+    if device.device_iterations is not None:
+        _positive(device.device_iterations, "device.device_iterations")
     _one_of(device.optimizer_state, "device.optimizer_state", OPTIMIZER_STATES)
 
 

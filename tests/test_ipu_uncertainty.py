@@ -9,16 +9,18 @@ import pytest
 
 from backends.ipu_sim import calibrate
 from backends.ipu_sim.cost import Constants
-from backends.ipu_sim.uncertainty import ASSUMPTIONS, Assumption
+from backends.ipu_sim.uncertainty import ASSUMPTIONS, Assumption, corners
 from tests.systems import resnet50_profile, system
 
-refit = calibrate.refitter(resnet50_profile(), system("ipu_pod16"))
+refit = calibrate.refitter(resnet50_profile(), calibrate.in_sample_systems())
 
 
 def scaled(name: str, grad_accum: int = 2, assumptions=ASSUMPTIONS):
-    """The interval of the recipe at `grad_accum` on every IPU of `name`, around the POD16 fit."""
+    """The interval of the recipe at `grad_accum` on every IPU of `name`, around the in-sample fit."""
+    central = refit(Constants())
+    assert central is not None
     return calibrate.scaled(
-        resnet50_profile(), system(name), refit(Constants()), refit, grad_accum, epochs=38, assumptions=assumptions
+        resnet50_profile(), system(name), central, refit, grad_accum, epochs=41, assumptions=assumptions
     )
 
 
@@ -53,19 +55,25 @@ def test_the_interval_holds_the_central_projection_strictly_inside(name):
     assert first < central.time_to_train_min < last
 
 
-def test_the_fitted_pod16_result_has_no_spread():
-    spread = scaled("ipu_pod16", grad_accum=calibrate.POD16.shape.grad_accum)
-    low, high = spread.throughput_img_s
-    assert high == pytest.approx(low, rel=1e-6) == pytest.approx(calibrate.POD16.throughput_img_s, rel=1e-6)
-    assert spread.most_sensitive is None
+def test_every_corner_the_in_sample_results_allow_keeps_their_steady_epochs():
+    """The ranges come from the evidence: each corner is refitted, and one the results leave no fit for is out."""
+    systems = calibrate.in_sample_systems()
+    fits = [refit(corner) for corner in corners(refit(Constants()), ASSUMPTIONS)]
+    feasible = [fitted for fitted in fits if fitted is not None]
+    assert 0 < len(feasible) <= len(fits)
+    for fitted in feasible[:: max(1, len(feasible) // 8)]:
+        assert 0 < fitted.compute_efficiency <= 1 and fitted.update_overhead_s >= 0 and fitted.eval_overhead_s >= 0
+        for published in calibrate.IN_SAMPLE:
+            projection = calibrate.project_published(resnet50_profile(), systems[published.system], published, fitted)
+            assert projection.steady_epoch_s == pytest.approx(published.steady_epoch_s, rel=1e-6)
 
 
 def test_a_wider_assumption_widens_the_interval_and_becomes_the_most_sensitive():
     narrow = scaled("ipu_pod256")
-    latency = ASSUMPTIONS["gateway_latency_s"]
-    wider = ASSUMPTIONS | {"gateway_latency_s": Assumption(latency.low, 50 * latency.high, "us", latency.reason)}
+    growth = ASSUMPTIONS["gateway_growth"]  # no in-sample system spans more than 2 POD64s to pin it
+    wider = ASSUMPTIONS | {"gateway_growth": Assumption(growth.low, 4 * growth.high, "", growth.reason)}
     wide = scaled("ipu_pod256", assumptions=wider)
     assert wide.throughput_img_s[0] < narrow.throughput_img_s[0]
     assert wide.time_to_train_min[1] > narrow.time_to_train_min[1]
-    assert wide.most_sensitive == "gateway_latency_s"
+    assert wide.most_sensitive == "gateway_growth"
     assert scaled("ipu_pod64") == scaled("ipu_pod64", assumptions=wider)  # no gateway within one POD64

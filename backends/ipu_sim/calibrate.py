@@ -1,14 +1,18 @@
-"""Fit the cost model's free constants to Graphcore's MLPerf Training v1.1 IPU-POD16 result, then predict POD64.
+"""Fit the cost model's free constants to Graphcore's MLPerf Training v1.1 IPU-POD16, POD64 and POD128 results.
 
-Fitted, each from one POD16 figure (../shared/reference/ipu.md) in closed form or by bisection:
-  compute_efficiency  <- training throughput (29,541 img/s)
-  eval_overhead_s     <- "about 25 s" of evaluation after training
-  run_overhead_s      <- time-to-train (28.335 min), after the epochs and the evaluations
-The other constants stay as cost.Constants assumes them: with one micro-batch size and one accumulation count, the
-POD16 figures cannot tell compute from the per-step costs (all-reduce latency, host sync), so fitting those too
-would only trade one for another. POD64 (published 108,011 img/s, 8.504 min) is then a prediction.
+The in-sample systems are the three in ../shared/reference/ipu.md; their result logs (mlcommons/training_results_v1.1,
+Graphcore/results/ipu-pod{16,64,128}-TF1/resnet/result_0..4.txt) time every epoch and evaluation. Fitted, in closed
+form or by bisection, each to what only it explains:
+  compute_efficiency  <- POD16's steady epoch (10 micro-batches per update) against POD64's (3): the per-micro-batch
+  update_overhead_s   <- cost and the per-update cost; every other term of the step is modelled or assumed
+  gateway_efficiency  <- POD128's steady epoch: the only in-sample system that spans POD64s
+  eval_overhead_s     <- the three systems' evaluations, beyond their forward passes (mean residual)
+A steady epoch is a logged epoch with no checkpoint in it or before it (median over the five runs). The checkpoint
+and evaluation costs are read off the same logs (backends/ipu_sim/uncertainty.py). IPU-POD256 and every Bow system
+are held out: no constant or range is taken from them.
 
-    python -m backends.ipu_sim.calibrate      # the fitted constants, a table, one JSON line
+    python -m backends.ipu_sim.calibrate             # the fit, the in-sample residuals, one JSON line
+    python -m backends.ipu_sim.calibrate --scaling   # 16 to 256 IPUs of both chips, each term's share
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import argparse
 import contextlib
 import dataclasses
 import json
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cache, partial
@@ -25,10 +30,27 @@ from hydra import compose, initialize_config_module
 from hydra.core.global_hydra import GlobalHydra
 from omegaconf import OmegaConf
 
-from backends.ipu_sim.cost import Constants, Projection, RunShape, evaluation_s, evaluations, project, step_time
+from backends.ipu_sim.cost import (
+    Constants,
+    Projection,
+    RunShape,
+    Schedule,
+    eval_image_s,
+    project,
+    step_time,
+)
 from backends.ipu_sim.plan import Layout, plan_run
 from backends.ipu_sim.profile import ModelProfile
-from backends.ipu_sim.uncertainty import ASSUMPTIONS, Assumption, Interval, Refit, describe, figures, interval
+from backends.ipu_sim.uncertainty import (
+    ASSUMPTIONS,
+    Assumption,
+    Interval,
+    Refit,
+    corners,
+    describe,
+    figures,
+    interval,
+)
 from configs.hardware import System
 from configs.schema import register
 from models import batchnorm, build_resnet50
@@ -36,75 +58,142 @@ from models import batchnorm, build_resnet50
 
 @dataclass(frozen=True)
 class Published:
-    """One MLPerf v1.1 result and the layout behind it (ipu.md; configs/experiment/mlperf_pod16.yaml and
-    mlperf_pod64.yaml run the same layouts)."""
+    """One MLPerf v1.1 result (ipu.md), the layout and schedule behind it (configs.yml), and what its five logs time:
+    the steady epoch and a later evaluation (median over the runs)."""
 
     system: str
     layout: Layout
-    epochs: int
-    throughput_img_s: float
-    time_to_train_min: float
+    schedule: Schedule
+    throughput_img_s: float  # ipu.md: 1,281,167 / the median epoch
+    time_to_train_min: float  # ipu.md: the olympic mean
+    steady_epoch_s: float  # logs: a logged epoch with no checkpoint in it or before it
+    evaluation_s: float  # logs: a later evaluation, eval_start to eval_stop
 
     @property
     def shape(self) -> RunShape:
-        return self.layout.shape()
+        return self.layout.shape(self.schedule.train_images)
 
 
-# 20 images per micro-batch on one IPU per replica, recomputation at block outputs, fp16.16, 8-bit input, one
-# merged all-reduce. device_iterations is not in the published logs: 100 is assumed (host sync: 10 us per step).
-RECIPE = Layout(replicas=16, micro_batch=20, grad_accum=10, image_size=224, recompute="auto", device_iterations=100)
-POD16 = Published("ipu_pod16", RECIPE, 38, 29_541, 28.335)
-POD64 = Published("ipu_pod64", dataclasses.replace(RECIPE, replicas=64, grad_accum=3), 38, 108_011, 8.504)
-FITTED = ("compute_efficiency", "eval_overhead_s", "run_overhead_s")
-POD16_EVAL_S = 25.0  # ipu.md: evaluation of the saved checkpoints after training, "about 25 s on POD16"
+# 20 images per micro-batch on one IPU per replica, recomputation (the recipe's pipeline stages all on one IPU),
+# fp16.16, 8-bit input, merged all-reduce; host round trips per train.py's log interval.
+RECIPE = Layout(replicas=16, micro_batch=20, grad_accum=10, image_size=224, recompute="auto")
+POD16 = Published("ipu_pod16", RECIPE, Schedule(38, first_eval=2), 29_541, 28.335, 43.217, 0.535)
+POD64 = Published(
+    "ipu_pod64", dataclasses.replace(RECIPE, replicas=64, grad_accum=3), Schedule(38, first_eval=2),
+    108_011, 8.504, 11.850, 0.343,
+)  # fmt: skip
+POD128 = Published(
+    "ipu_pod128", dataclasses.replace(RECIPE, replicas=128, grad_accum=2), Schedule(41, first_eval=1),
+    178_187, 5.672, 6.905, 0.260,
+)  # fmt: skip
+IN_SAMPLE = (POD16, POD64, POD128)
+FITTED = {  # each fitted constant and the systems that constrain it
+    "compute_efficiency": "ipu_pod16, ipu_pod64",
+    "update_overhead_s": "ipu_pod16, ipu_pod64",
+    "gateway_efficiency": "ipu_pod128",
+    "eval_overhead_s": "ipu_pod16, ipu_pod64, ipu_pod128",
+}
 
 
 def resnet50_profile(system: System) -> ModelProfile:
-    """ResNet-50 v1.5 as the published runs laid it out, probed on the host (a few seconds). The POD16 and POD64
-    layouts differ only in replicas and accumulation, which the probe does not see."""
+    """ResNet-50 v1.5 as the published runs laid it out, probed on the host (a few seconds). The in-sample layouts
+    differ only in replicas and accumulation, which the probe does not see."""
     model = build_resnet50(1000, batchnorm(0.1, 1e-5), channels_last=True)
     return plan_run(model, RECIPE, system.chip).profile
 
 
-def fit_compute_efficiency(
-    profile: ModelProfile, system: System, shape: RunShape, constants: Constants, throughput: float
-) -> float:
-    """Bisect (in log space) for the efficiency at which the projected throughput meets the published one."""
+def per_update_s(profile: ModelProfile, system: System, published: Published, constants: Constants) -> float:
+    """The device time of one update in the published run, host round trip share included (the fit checks that
+    the host feed, which overlaps it, does not bind)."""
+    return step_time(profile, system, published.shape, constants).device_s
 
-    def reached(efficiency: float) -> float:
-        step = step_time(profile, system, shape, dataclasses.replace(constants, compute_efficiency=efficiency))
-        return shape.global_batch / step.total_s
 
-    low, high = 1e-4, 1.0
-    if reached(high) < throughput:
-        raise ValueError(f"{system.name} cannot reach {throughput:,.0f} img/s even at the chip's peak")
-    for _ in range(100):
-        middle = (low * high) ** 0.5
-        low, high = (middle, high) if reached(middle) < throughput else (low, middle)
+def device_bound(profile: ModelProfile, systems: Mapping[str, System], constants: Constants) -> bool:
+    """Whether every in-sample run is bound by its IPUs, not by its hosts' feed, as the logs' rates imply."""
+    steps = (step_time(profile, systems[p.system], p.shape, constants) for p in IN_SAMPLE)
+    return all(step.device_s >= step.host_feed_s for step in steps)
+
+
+def target_s(published: Published) -> float:
+    """One update of the published run: the steady epoch over its updates (whole round trips, as train.py logs)."""
+    shape = published.shape
+    calls = max(1, round(published.schedule.train_images / shape.global_batch / shape.device_iterations))
+    return published.steady_epoch_s / (calls * shape.device_iterations)
+
+
+def fit_step(profile: ModelProfile, systems: Mapping[str, System], assumed: Constants) -> Constants | None:
+    """compute_efficiency and update_overhead_s from POD16 and POD64 in closed form (the step is linear in
+    1/efficiency and in the overhead while compute-bound), then gateway_efficiency from POD128 by bisection.
+    None where the assumed constants leave no physical fit (efficiency outside (0, 1], a negative overhead)."""
+
+    def at(published: Published, inverse_efficiency: float, overhead: float) -> float:
+        trial = dataclasses.replace(assumed, compute_efficiency=1 / inverse_efficiency, update_overhead_s=overhead)
+        return per_update_s(profile, systems[published.system], published, trial)
+
+    rows = []
+    for published in (POD16, POD64):
+        base = at(published, 1.0, 0.0)
+        rows.append((at(published, 2.0, 0.0) - base, base - (at(published, 2.0, 0.0) - base), target_s(published)))
+    (slope16, rest16, t16), (slope64, rest64, t64) = rows
+    inverse_efficiency = (t16 - t64 - rest16 + rest64) / (slope16 - slope64)
+    overhead = t16 - slope16 * inverse_efficiency - rest16
+    if inverse_efficiency < 1 or overhead < 0:
+        return None
+    fitted = dataclasses.replace(assumed, compute_efficiency=1 / inverse_efficiency, update_overhead_s=overhead)
+    efficiency = fit_gateway(profile, systems[POD128.system], fitted)
+    if efficiency is None:
+        return None
+    fitted = dataclasses.replace(fitted, gateway_efficiency=efficiency)
+    return fitted if device_bound(profile, systems, fitted) else None
+
+
+def fit_gateway(profile: ModelProfile, system: System, constants: Constants) -> float | None:
+    """The GW-Link efficiency at which POD128's update takes its logged time (bisection in log space); None where
+    even line rate is too slow or no efficiency above 1e-4 slows it enough."""
+
+    def update(efficiency: float) -> float:
+        return per_update_s(profile, system, POD128, dataclasses.replace(constants, gateway_efficiency=efficiency))
+
+    low, high, target = 1e-4, 1.0, target_s(POD128)
+    if not update(high) <= target <= update(low):
+        return None
+    for _ in range(60):
+        middle = math.sqrt(low * high)
+        low, high = (middle, high) if update(middle) > target else (low, middle)
     return high
 
 
-def fit(profile: ModelProfile, pod16: System, assumed: Constants) -> Constants:
-    """`assumed` with the three constants that reproduce POD16's throughput, evaluation time and time-to-train."""
-    efficiency = fit_compute_efficiency(profile, pod16, POD16.shape, assumed, POD16.throughput_img_s)
-    constants = dataclasses.replace(assumed, compute_efficiency=efficiency, eval_overhead_s=0.0, run_overhead_s=0.0)
-    passes_s = evaluation_s(profile, pod16, POD16.shape, constants, 50_000)
-    constants = dataclasses.replace(constants, eval_overhead_s=POD16_EVAL_S / evaluations(POD16.epochs) - passes_s)
-    unexplained_s = 60 * (
-        POD16.time_to_train_min - project_published(profile, pod16, POD16, constants).time_to_train_min
-    )
-    return dataclasses.replace(constants, run_overhead_s=unexplained_s)
+def fit_eval_overhead(profile: ModelProfile, systems: Mapping[str, System], constants: Constants) -> float:
+    """The mean, over the in-sample systems, of a logged evaluation less its forward passes."""
+    residuals = [
+        published.evaluation_s
+        - published.schedule.eval_images * eval_image_s(profile, systems[published.system], published.shape, constants)
+        for published in IN_SAMPLE
+    ]
+    return sum(residuals) / len(residuals)
+
+
+def fit(profile: ModelProfile, systems: Mapping[str, System], assumed: Constants) -> Constants | None:
+    """`assumed` with the fitted constants; None where no physical fit exists."""
+    fitted = fit_step(profile, systems, assumed)
+    if fitted is None:
+        return None
+    overhead = fit_eval_overhead(profile, systems, fitted)
+    return dataclasses.replace(fitted, eval_overhead_s=overhead) if overhead >= 0 else None
 
 
 def project_published(profile: ModelProfile, system: System, published: Published, constants: Constants) -> Projection:
-    """The projection of a published run's shape and epochs."""
-    return project(profile, system, published.shape, constants, epochs=published.epochs)
+    """The projection of a published run's shape and schedule."""
+    return project(profile, system, published.shape, constants, published.schedule)
 
 
-def refitter(profile: ModelProfile, pod16: System) -> Refit:
-    """`fit` to POD16 for any assumed constants, each set fitted once: the refit depends on nothing else, and
-    every interval refits the same 512 corners and 18 ends."""
-    return cache(partial(fit, profile, pod16))
+def in_sample_systems() -> dict[str, System]:
+    return {published.system: load_system(published.system) for published in IN_SAMPLE}
+
+
+def refitter(profile: ModelProfile, systems: Mapping[str, System]) -> Refit:
+    """`fit` for any assumed constants, each set fitted once: every interval refits the same corners and ends."""
+    return cache(partial(fit, profile, systems))
 
 
 def load_system(name: str) -> System:
@@ -129,24 +218,31 @@ SYSTEMS = {
 }
 
 
-def print_constants(constants: Constants) -> None:
-    print("fitted on ipu_pod16 (MLPerf Training v1.1, ResNet-50):")
-    for name in FITTED:
-        print(f"  {name} = {getattr(constants, name):.4g}")
-    print("assumed, with the range each projection is repeated over (backends/ipu_sim/uncertainty.py):")
+def fitted_ranges(refit: Refit, central: Constants) -> dict[str, tuple[float, float]]:
+    """Each fitted constant's spread over the assumption corners the in-sample results allow."""
+    fits = [fitted for fitted in map(refit, corners(central, ASSUMPTIONS)) if fitted is not None]
+    return {name: (min(getattr(f, name) for f in fits), max(getattr(f, name) for f in fits)) for name in FITTED}
+
+
+def print_constants(constants: Constants, refit: Refit) -> None:
+    print("fitted on ipu_pod16, ipu_pod64 and ipu_pod128 (MLPerf Training v1.1, ResNet-50), with the range the")
+    print("assumptions below allow, and the systems that constrain each:")
+    for name, (low, high) in fitted_ranges(refit, constants).items():
+        print(f"  {name} = {getattr(constants, name):.4g} ({low:.4g} to {high:.4g}): {FITTED[name]}")
+    print("measured in the in-sample logs or assumed, each with the range projections are repeated over:")
     for name, assumption in ASSUMPTIONS.items():
         print(f"  {describe(name, assumption, getattr(constants, name))}: {assumption.reason}")
     print()
 
 
-def print_calibration(profile: ModelProfile, constants: Constants, refit: Refit) -> None:
-    """The fit, and the POD64 prediction with its range beside the published figures."""
-    print_constants(constants)
+def print_calibration(profile: ModelProfile, systems: Mapping[str, System], constants: Constants, refit: Refit) -> None:
+    """The fit, and each in-sample system's projection with its range beside its published figures."""
+    print_constants(constants, refit)
     print(f"{'system':<10} {'b x K x R':>10} {'img/s':>9} {'range':>17} {'published':>10} {'error':>7}", end="")
-    print(f" {'TTT min':>8} {'range':>15} {'published':>10} {'error':>7}")
+    print(f" {'TTT min':>8} {'range':>15} {'published':>10} {'error':>7} {'steady epoch s':>15}")
     summary: dict[str, object] = {name: getattr(constants, name) for name in FITTED}
-    for published in (POD16, POD64):
-        system = load_system(published.system)
+    for published in IN_SAMPLE:
+        system = systems[published.system]
         spread = interval(partial(project_published, profile, system, published), refit, constants)
         projection = spread.central
         throughput_error = error(projection.throughput_img_s, published.throughput_img_s)
@@ -160,17 +256,19 @@ def print_calibration(profile: ModelProfile, constants: Constants, refit: Refit)
             f" {published.throughput_img_s:>10,.0f} {throughput_error:>+6.1f}%"
             f" {projection.time_to_train_min:>8.3f} {f'{first:.3f}-{last:.3f}':>15}"
             f" {published.time_to_train_min:>10.3f} {ttt_error:>+6.1f}%"
+            f" {f'{projection.steady_epoch_s:.3f} / {published.steady_epoch_s:.3f}':>15}"
         )
         summary[published.system] = figures(spread) | {
             "throughput_error_pct": round(throughput_error, 2),
             "time_to_train_error_pct": round(ttt_error, 2),
         }
+    print("(throughput is MLPerf's: 1,281,167 images over the median logged epoch; the fit matches the steady one)")
     print(json.dumps(summary))
 
 
-# StepTime's fields less "_s", those that change with scale: exchange is 0 (the recipe has no pipeline) and host_sync
-# one host round trip per device_iterations updates.
-STEP_TERMS = ("compute", "allreduce", "gateway", "update", "sync", "host_feed")
+def recipe_schedule(system: System, epochs: int) -> Schedule:
+    """Graphcore's v1.1 schedule: the first checkpoint at epoch 2 within a POD64, at epoch 1 beyond (configs.yml)."""
+    return Schedule(epochs, first_eval=2 if system.ipus <= system.chip.ipus_per_pod else 1)
 
 
 def scaled(
@@ -179,25 +277,47 @@ def scaled(
     constants: Constants,
     refit: Refit,
     grad_accum: int,
-    epochs: float,
+    epochs: int,
     assumptions: Mapping[str, Assumption] = ASSUMPTIONS,
 ) -> Interval:
     """The recipe's micro-batch with `grad_accum` micro-batches per update, one replica per IPU of `system`."""
     shape = dataclasses.replace(RECIPE, replicas=system.ipus, grad_accum=grad_accum).shape()
 
     def at(assumed: Constants) -> Projection:
-        return project(profile, system, shape, assumed, epochs=epochs)
+        return project(profile, system, shape, assumed, recipe_schedule(system, epochs))
 
     return interval(at, refit, constants, assumptions)
 
 
-def print_scaling(profile: ModelProfile, constants: Constants, refit: Refit, grad_accum: int, epochs: float) -> None:
+def shares(projection: Projection, epochs: int) -> tuple[dict[str, float], dict[str, float]]:
+    """Each term's share of an update (%), and of the whole training, by what it is paid per: per micro-batch,
+    per update, per host round trip, per checkpoint (%)."""
+    step = projection.step
+    per_update = {term: 100 * getattr(step, f"{term}_s") / step.total_s for term in STEP_TERMS}
+    training = projection.training_s
+    steps_s = epochs * projection.steady_epoch_s
+    round_trips = step.host_sync_s / step.total_s * steps_s
+    per_run = {
+        "micro-batch": 100 * step.compute_s / step.total_s * steps_s / training,
+        "update": 100 * (steps_s - round_trips) / training - 100 * step.compute_s / step.total_s * steps_s / training,
+        "round trip": 100 * round_trips / training,
+        "checkpoint": 100 * (training - steps_s) / training,
+    }
+    return per_update, per_run
+
+
+# StepTime's fields less "_s" that change with scale: exchange is 0 (the recipe has no pipeline).
+STEP_TERMS = ("compute", "allreduce", "gateway", "update", "sync", "host_sync")
+
+
+def print_scaling(profile: ModelProfile, constants: Constants, refit: Refit, grad_accum: int, epochs: int) -> None:
     """One recipe shape (20 images x K per replica, one IPU each) on every system of both chips: throughput per
-    IPU, time-to-train and every step-time component, so where efficiency goes with size shows."""
-    print_constants(constants)
+    IPU, time-to-train, each step term's share of an update, and the training time by what it is paid per."""
+    print_constants(constants, refit)
     print(f"scaling: 20 images x {grad_accum} micro-batches per replica, one IPU per replica, {epochs:g} epochs")
     header = f"{'system':<11} {'IPUs':>4} {'img/s/IPU':>9} {'range':>11} {'vs 16':>6} {'TTT min':>7} {'range':>11}"
-    print(header + "   step ms:" + "".join(f"{term:>10}" for term in STEP_TERMS))
+    print(header + "  % of an update:" + "".join(f"{term:>10}" for term in STEP_TERMS), end="")
+    print("  % of training per: micro-batch update round-trip checkpoint")
     summary: dict[str, object] = {}
     for names in SYSTEMS.values():
         smallest = None
@@ -209,16 +329,19 @@ def print_scaling(profile: ModelProfile, constants: Constants, refit: Refit, gra
             smallest = smallest or per_ipu
             low, high = (value / system.ipus for value in spread.throughput_img_s)
             first, last = spread.time_to_train_min
-            step_ms = {term: 1e3 * getattr(projection.step, f"{term}_s") for term in STEP_TERMS}
+            per_update, per_run = shares(projection, epochs)
             print(
                 f"{name:<11} {system.ipus:>4} {per_ipu:>9,.0f} {f'{low:,.0f}-{high:,.0f}':>11}"
                 f" {per_ipu / smallest:>6.3f} {projection.time_to_train_min:>7.2f} {f'{first:.2f}-{last:.2f}':>11}"
-                + " " * 13
-                + "".join(f"{value:>10.3f}" for value in step_ms.values())
+                + " " * 16
+                + "".join(f"{value:>10.2f}" for value in per_update.values())
+                + " " * 20
+                + "".join(f"{value:>10.2f}" for value in per_run.values())
             )
             summary[name] = figures(spread) | {
                 "img_s_per_ipu": round(per_ipu, 1),
-                "step_ms": {term: round(value, 4) for term, value in step_ms.items()},
+                "update_share_pct": {term: round(value, 3) for term, value in per_update.items()},
+                "training_share_pct": {term: round(value, 3) for term, value in per_run.items()},
             }
     print(json.dumps(summary))
 
@@ -227,16 +350,17 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--scaling", action="store_true", help="project 16 to 256 IPUs of both chips")
     parser.add_argument("--grad-accum", type=int, default=2, help="micro-batches per update in --scaling")
-    parser.add_argument("--epochs", type=float, default=38, help="epochs to train in --scaling")
+    parser.add_argument("--epochs", type=int, default=41, help="epochs to train in --scaling")
     args = parser.parse_args(argv)
-    pod16 = load_system(POD16.system)
-    profile = resnet50_profile(pod16)
-    refit = refitter(profile, pod16)
+    systems = in_sample_systems()
+    profile = resnet50_profile(systems[POD16.system])
+    refit = refitter(profile, systems)
     constants = refit(Constants())
+    assert constants is not None, "the central constants must fit the in-sample results"
     if args.scaling:
         print_scaling(profile, constants, refit, args.grad_accum, args.epochs)
     else:
-        print_calibration(profile, constants, refit)
+        print_calibration(profile, systems, constants, refit)
 
 
 if __name__ == "__main__":

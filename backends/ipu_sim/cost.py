@@ -1,14 +1,17 @@
 """How long a weight update, an epoch and a whole MLPerf run take on a simulated IPU system.
 
 A handful of formulas over a ModelProfile (FLOPs and bytes per stage, measured from the real model) and a System
-(chip rates, links, gateways, hosts), with constants of which calibrate.py fits three to Graphcore's POD16 result
-and uncertainty.py gives the rest ranges. Each term is one small function; the step takes the slower of the
-device and the host that feeds it.
+(chip rates, links, gateways, hosts), with constants of which calibrate.py fits three to Graphcore's POD16, POD64
+and POD128 results and uncertainty.py gives the rest ranges. Each term is one small function; the step takes the
+slower of the device and the host that feeds it. Around the steps, a run does what Graphcore's MLPerf v1.1 train.py
+did (mlcommons/training_results_v1.1, Graphcore/benchmarks/resnet/implementations/tensorflow/): host round trips
+averaged over every host process, a checkpoint every few epochs, and the saved checkpoints evaluated after training.
 """
 
 from __future__ import annotations
 
 import math
+import statistics
 from dataclasses import dataclass
 
 from backends.ipu_sim.profile import ModelProfile, StageProfile
@@ -22,7 +25,7 @@ class RunShape:
     replicas: int
     micro_batch: int  # what one replica's first stage takes per micro-batch; must match the profile's
     grad_accum: int  # micro-batches per weight update per replica (K)
-    device_iterations: int = 1  # weight updates per host round trip
+    device_iterations: int = 1  # weight updates per host round trip (updates_per_host_call: Graphcore's)
     fp16: bool = True  # fp16 compute and gradients (fp16 peak); False: fp32
     fp32_master: bool = False  # fp32 master weights and momentum (16.32); False: stored at the compute dtype
     merged_allreduce: bool = True  # one collective for all gradients; False: one per gradient tensor
@@ -35,22 +38,28 @@ class RunShape:
 
 @dataclass(frozen=True)
 class Constants:
-    """The free constants. Three are fitted to the POD16 result by `python -m backends.ipu_sim.calibrate`
-    (compute_efficiency, eval_overhead_s, run_overhead_s); the rest are assumed, each with the range and reason
-    in backends/ipu_sim/uncertainty.py, because POD16's one layout cannot tell them from compute."""
+    """The free constants. Three are fitted by `python -m backends.ipu_sim.calibrate` to the steady epochs of the
+    in-sample systems (compute_efficiency to POD16, update_overhead_s to POD16 against POD64, gateway_efficiency to
+    POD128); eval_overhead_s is fitted to their evaluations; the rest are measured in their logs or assumed, each
+    with the range and reason in backends/ipu_sim/uncertainty.py."""
 
-    compute_efficiency: float = 0.2446  # fraction of the fp16/fp32 peak reached; fitted to POD16 throughput
+    compute_efficiency: float = 0.2487  # fraction of the fp16/fp32 peak reached; fitted
     memory_efficiency: float = 0.5  # fraction of SRAM bandwidth reached
     collective_latency_s: float = 10e-6  # per ring step over IPU-Links: a cross-IPU sync and a transfer
     gateway_latency_s: float = 12e-6  # per ring step between POD64s: IPU to gateway, GW-Link, gateway to IPU
-    gateway_efficiency: float = 0.8  # fraction of the GW-Links' line rate a collective reaches
+    gateway_efficiency: float = 0.06115  # fraction of the GW-Links' line rate the cross-POD phase reaches; fitted
+    gateway_growth: float = 0.37  # how the cross-POD phase grows beyond two POD64s: (P - 1) ** gateway_growth
     sync_s: float = 1e-6  # one sync of every IPU in the IPU-Link domain (one POD64 or less)
     gateway_sync_s: float = 12e-6  # one sync that spans POD64s, relayed by the gateways
-    update_overhead_s: float = 1.5e-3  # the weight update program's fixed cost beyond its memory traffic
+    update_overhead_s: float = 2.963e-3  # the weight update program's fixed cost beyond its memory traffic; fitted
     loader_img_s_per_core: float = 649.0  # bench.loader's rate per worker core (docs/ipu_sim.md says where from)
-    host_sync_s: float = 1e-3  # one host round trip (stream callbacks, engine run) per device_iterations
-    eval_overhead_s: float = 1.898  # per evaluation beyond its forward passes; fitted to POD16's 25 s of evaluation
-    run_overhead_s: float = 27.07  # per run, inside the timed region; fitted to POD16 time-to-train
+    host_sync_s: float = 1e-3  # one host round trip's fixed cost: the engine run returns, outfeed read, next run
+    host_hop_s: float = 50e-6  # one message between host processes in the outfeed's Horovod average
+    checkpoint_s: float = 2.0  # instance 0 writing a checkpoint while every replica waits; in the logs
+    catch_up_s: float = 0.37  # the epoch after a checkpoint runs slower by this much; in the logs
+    eval_setup_s: float = 17.4  # once per run: the validation graph attached, the first evaluation loaded
+    eval_overhead_s: float = 0.1035  # per evaluation beyond its forward passes; fitted
+    broadcast_s_per_instance: float = 0.018  # per evaluation, the checkpoint sent from instance 0 to each other
 
 
 @dataclass(frozen=True)
@@ -84,12 +93,28 @@ class StepTime:
 
 
 @dataclass(frozen=True)
+class Schedule:
+    """What a run does besides its steps: `epochs` of `train_images`, a checkpoint every `eval_every` epochs from
+    `first_eval` (and at the last), each evaluated on `eval_images` after training, as Graphcore's runs did."""
+
+    epochs: int
+    train_images: int = 1_281_167
+    eval_images: int = 50_000
+    eval_every: int = 4
+    first_eval: int = 4
+
+
+@dataclass(frozen=True)
 class Projection:
-    throughput_img_s: float
-    epoch_s: float
-    eval_s: float  # all evaluations of the run together
+    throughput_img_s: float  # as MLPerf's logs give it: train_images / the median logged epoch
+    epoch_s: float  # the median logged epoch
+    steady_epoch_s: float  # a logged epoch with no checkpoint in it or before it
+    training_s: float  # every epoch, checkpoints included
+    eval_s: float  # all evaluations of the run together, after training
     time_to_train_min: float
     step: StepTime
+    host_calls_per_epoch: int
+    checkpoints: int
 
 
 def validate(profile: ModelProfile, system: System, shape: RunShape) -> None:
@@ -147,10 +172,16 @@ def gradient_bytes(profile: ModelProfile, shape: RunShape) -> float:
     return max(stage.param_count for stage in profile.stages) * (2 if shape.fp16 else 4)
 
 
+MERGE_BUFFER_BYTES = 52_428_800  # configs.yml: max_cross_replica_buffer_size in the v1.1 ResNet-50 recipes
+
+
 def collectives(profile: ModelProfile, shape: RunShape) -> int:
-    """One merged collective, or one per gradient tensor. Per-tensor counts per stage are not profiled, so every
-    stage counts the whole model's tensors (an upper bound)."""
-    return 1 if shape.merged_allreduce else profile.gradient_tensors
+    """Merged collectives of at most `max_cross_replica_buffer_size` bytes each (ResNet-50's fp16 gradients, 51.1
+    MB, fit in one), or one per gradient tensor. Per-tensor counts per stage are not profiled, so every stage
+    counts the whole model's tensors (an upper bound)."""
+    if shape.merged_allreduce:
+        return math.ceil(gradient_bytes(profile, shape) / MERGE_BUFFER_BYTES)
+    return profile.gradient_tensors
 
 
 def allreduce_s(profile: ModelProfile, system: System, shape: RunShape, constants: Constants) -> float:
@@ -178,15 +209,19 @@ def gateway_share(system: System, constants: Constants) -> float:
 
 
 def gateway_s(profile: ModelProfile, system: System, shape: RunShape, constants: Constants) -> float:
-    """The cross-POD phase: after the reduce-scatter each IPU holds 1/n of the gradients, and the POD64s
-    all-reduce those shards in a ring over the gateways, every IPU's shard at once (0 within one POD64)."""
+    """The cross-POD phase: after the reduce-scatter each IPU holds 1/n of the gradients, and the POD64s all-reduce
+    those shards over the gateways, every IPU's shard at once (0 within one POD64). The in-sample systems span at
+    most two POD64s, which pins this phase's cost there (a ring of two) but not how it grows beyond: it is that cost
+    times (P - 1) ** gateway_growth, from 0 (one bottleneck crossing that does not multiply) to 1 (a cost per ring
+    step); the ring's own bandwidth term, 2 (P - 1) / P, grows as gateway_growth = 0.37 from 2 to 4 POD64s."""
     spanned = pods(system, shape, len(profile.stages))
     if spanned == 1:
         return 0.0
     shard = gradient_bytes(profile, shape) / math.ceil(shape.replicas / spanned)
-    return ring_allreduce_s(
-        shard, spanned, gateway_share(system, constants), constants.gateway_latency_s, collectives(profile, shape)
+    pair = ring_allreduce_s(
+        shard, 2, gateway_share(system, constants), constants.gateway_latency_s, collectives(profile, shape)
     )
+    return pair * (spanned - 1) ** constants.gateway_growth
 
 
 SYNCS_PER_UPDATE = 3  # the accumulation loop ends, the collective ends, the update ends: each a program switch
@@ -230,9 +265,37 @@ def step_time(profile: ModelProfile, system: System, shape: RunShape, constants:
         gateway_s=gateway_s(profile, system, shape, constants),
         update_s=update_s(profile, system, shape, constants),
         sync_s=sync_s(profile, system, shape, constants),
-        host_sync_s=constants.host_sync_s / shape.device_iterations,
+        host_sync_s=host_call_s(shape, constants) / shape.device_iterations,
         host_feed_s=host_feed_s(profile, system, shape, constants),
     )
+
+
+REPLICAS_PER_INSTANCE = 2  # run_and_time.sh: poprun --num-instances $REPLICAS/2, one host process per 2 replicas
+LOGS_PER_EPOCH = 5  # configs.yml: logs_per_epoch 5 in mk2_resnet50_mlperf_pod16, which the _lars recipes inherit
+MOST_UPDATES_PER_CALL = 1000  # train.py: --batches-per-step, 1000 by default and not set by the _lars recipes
+
+
+def updates_per_host_call(train_images: int, global_batch: int) -> int:
+    """Graphcore's train.py runs the device loop for one log interval per session.run (`iterations_per_step`):
+    the updates of an epoch (`NUM_IMAGES // total_batch_size`) over `logs_per_epoch`, capped by batches_per_step.
+    80 updates at POD16's batch of 3200, 66 at POD64's 3840, 50 at POD128's 5120."""
+    log_every = max(1, train_images // global_batch // LOGS_PER_EPOCH)
+    if log_every < MOST_UPDATES_PER_CALL:
+        return log_every
+    return log_every // round(log_every / MOST_UPDATES_PER_CALL)
+
+
+def instances(shape: RunShape) -> int:
+    """Host processes (PopDist instances), each driving two replicas."""
+    return math.ceil(shape.replicas / REPLICAS_PER_INSTANCE)
+
+
+def host_call_s(shape: RunShape, constants: Constants) -> float:
+    """One host round trip, while every IPU waits: the engine run returns, each instance reads its outfeed and
+    averages it over all instances (train.py: `strategy.reduce(MEAN)`, a Horovod allreduce; MPI's recursive
+    doubling for small messages takes 2 log2(n) messages), the next run starts."""
+    hops = 2 * math.ceil(math.log2(instances(shape))) if instances(shape) > 1 else 0
+    return constants.host_sync_s + hops * constants.host_hop_s
 
 
 def eval_image_s(profile: ModelProfile, system: System, shape: RunShape, constants: Constants) -> float:
@@ -246,34 +309,78 @@ def eval_image_s(profile: ModelProfile, system: System, shape: RunShape, constan
 
 
 def evaluation_s(profile: ModelProfile, system: System, shape: RunShape, constants: Constants, images: int) -> float:
-    """One evaluation of `images`, plus a fixed cost (loading the checkpoint, starting the evaluation program)."""
-    return images * eval_image_s(profile, system, shape, constants) + constants.eval_overhead_s
+    """One evaluation of a saved checkpoint: its forward passes and a fixed cost (the validation engine run and the
+    accuracy averaged over the instances), after instance 0 has loaded the checkpoint and sent it to every other
+    instance (validation.py loads on instance 0 only; the gaps between evaluations in the v1.1 logs grow with the
+    instances: 0.12 s over 8, 0.45 s over 32, 1.19 s over 64)."""
+    broadcast = (instances(shape) - 1) * constants.broadcast_s_per_instance
+    return images * eval_image_s(profile, system, shape, constants) + constants.eval_overhead_s + broadcast
 
 
-def evaluations(epochs: float, eval_every: int = 4) -> int:
-    """MLPerf ResNet-50 evaluates every `eval_every` epochs (4 by default), the last one included."""
-    return math.ceil(epochs / eval_every)
+def host_calls_per_epoch(schedule: Schedule, shape: RunShape) -> int:
+    """Host round trips in a steady logged epoch: train.py logs an epoch's end between round trips, so a logged
+    epoch holds whole ones (5 in the v1.1 recipes; at POD64 66 updates each, 330 of its 333.6)."""
+    updates = schedule.train_images / shape.global_batch
+    return max(1, round(updates / shape.device_iterations))
+
+
+def logged_epochs_s(schedule: Schedule, shape: RunShape, call_s: float, constants: Constants) -> list[float]:
+    """Each epoch as the MLPerf log times it, from train.py's training loop: round trips of `device_iterations`
+    updates while `i < iterations` (the last one runs in full); before a round trip, the epoch ends if the round
+    trip would end in the next one; after it, a checkpoint if it crossed `ckpt_epochs_offset` plus a multiple of
+    `epochs_per_ckpt` epochs (or ended the run), and the round trip after a checkpoint catches up. So a checkpoint
+    lands in the epoch it closes at POD16 and POD128, and in the next one at POD64, as their logs show."""
+    batch, images, epochs = shape.global_batch, schedule.train_images, schedule.epochs
+    iterations, per_epoch, step = images * epochs // batch, images // batch, shape.device_iterations
+    offset, every = schedule.first_eval * per_epoch, schedule.eval_every * per_epoch
+    logged, current, log_epoch, catching_up, i = [], 0.0, 1, False, 0
+    while i < iterations:
+        epoch = batch * (i + step) / images
+        if math.floor(epoch) == log_epoch and round(epoch) != epochs:
+            logged.append(current)
+            current, log_epoch = 0.0, round(epoch) + 1
+        crossed = (i - offset) // every < (i + step - offset) // every or i + step >= iterations
+        checkpoint = i >= offset - step and crossed and not (round(epoch) == epochs and i + step < iterations)
+        current += call_s + (constants.catch_up_s if catching_up else 0.0)
+        current += constants.checkpoint_s if checkpoint else 0.0
+        catching_up, i = checkpoint, i + step
+    return [*logged, current]
+
+
+def checkpoint_epochs(schedule: Schedule) -> list[int]:
+    """The epochs a checkpoint is written at, and so evaluated after training: train.py's `epochs_per_ckpt` (4)
+    from `ckpt_epochs_offset` (2 at POD16 and POD64, 1 at POD128), and the last epoch."""
+    epochs = list(range(schedule.first_eval, schedule.epochs + 1, schedule.eval_every))
+    return epochs if epochs and epochs[-1] == schedule.epochs else [*epochs, schedule.epochs]
 
 
 def project(
-    profile: ModelProfile,
-    system: System,
-    shape: RunShape,
-    constants: Constants,
-    *,
-    epochs: float,
-    train_images: int = 1_281_167,
-    eval_images: int = 50_000,
-    eval_every: int = 4,
+    profile: ModelProfile, system: System, shape: RunShape, constants: Constants, schedule: Schedule
 ) -> Projection:
-    """Throughput, epoch time and MLPerf time-to-train: the epochs back to back, then an evaluation per
-    `eval_every` epochs (of saved checkpoints, as Graphcore's v1.1 runs did), then the fixed per-run cost."""
+    """Throughput as MLPerf's median epoch gives it, and time-to-train: the epochs back to back with their
+    checkpoints, then the validation graph set up once and each checkpoint evaluated, as Graphcore's v1.1 runs did
+    (its logs: run_stop follows the last evaluation; nothing else inside the timed region)."""
     step = step_time(profile, system, shape, constants)
-    throughput = shape.global_batch / step.total_s
-    epoch = train_images / throughput
-    evaluation = evaluations(epochs, eval_every) * evaluation_s(profile, system, shape, constants, eval_images)
-    total = epochs * epoch + evaluation + constants.run_overhead_s
-    return Projection(throughput, epoch, evaluation, total / 60, step)
+    call_s = shape.device_iterations * step.total_s
+    epochs = logged_epochs_s(schedule, shape, call_s, constants)
+    evaluated = len(checkpoint_epochs(schedule))
+    evaluation = constants.eval_setup_s + evaluated * evaluation_s(
+        profile, system, shape, constants, schedule.eval_images
+    )
+    median = statistics.median(epochs)
+    total = sum(epochs) + evaluation
+    steady = host_calls_per_epoch(schedule, shape) * call_s
+    return Projection(
+        schedule.train_images / median,
+        median,
+        steady,
+        sum(epochs),
+        evaluation,
+        total / 60,
+        step,
+        host_calls_per_epoch(schedule, shape),
+        evaluated,
+    )
 
 
 def report(projection: Projection, shape: RunShape, stages: int, epochs: float) -> str:
@@ -286,7 +393,7 @@ def report(projection: Projection, shape: RunShape, stages: int, epochs: float) 
         "all-reduce across POD64s (gateways)": step.gateway_s,
         "weight update": step.update_s,
         f"system syncs ({SYNCS_PER_UPDATE} per update)": step.sync_s,
-        f"host sync (1 per {shape.device_iterations} steps)": step.host_sync_s,
+        f"host round trip (1 per {shape.device_iterations} updates)": step.host_sync_s,
     }
     batch = f"{shape.micro_batch} x {shape.grad_accum} x {shape.replicas} replicas = {shape.global_batch} images"
     lines = [f"step time of one weight update ({batch}), ms"]
@@ -294,10 +401,13 @@ def report(projection: Projection, shape: RunShape, stages: int, epochs: float) 
     lines.append(f"  {'device, total':<40}{1e3 * step.device_s:>10.3f}")
     lines.append(f"  {'host feed (decode and send, overlapped)':<40}{1e3 * step.host_feed_s:>10.3f}")
     bound = "device" if step.device_s >= step.host_feed_s else "host feed"
+    checkpoints = projection.training_s - epochs * projection.steady_epoch_s
     lines += [
-        f"throughput {projection.throughput_img_s:,.0f} img/s ({bound}-bound)",
-        f"epoch {projection.epoch_s:.2f} s",
-        f"evaluations {projection.eval_s:.1f} s",
+        f"throughput {projection.throughput_img_s:,.0f} img/s ({bound}-bound; MLPerf's median epoch)",
+        f"epoch {projection.epoch_s:.2f} s (median), {projection.steady_epoch_s:.2f} s without a checkpoint"
+        f" ({projection.host_calls_per_epoch} host round trips)",
+        f"training {projection.training_s:.1f} s, of which checkpoints and the last round trip {checkpoints:.1f} s",
+        f"evaluations {projection.eval_s:.1f} s ({projection.checkpoints} saved checkpoints, after training)",
         f"time to train ({epochs:g} epochs) {projection.time_to_train_min:.3f} min",
     ]
     return "\n".join(lines)

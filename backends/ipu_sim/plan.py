@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from backends.ipu_sim.cost import RunShape
+from backends.ipu_sim.cost import RunShape, updates_per_host_call
 from backends.ipu_sim.memory import MemoryPlan, plan_memory
 from backends.ipu_sim.probe import profile_model
 from backends.ipu_sim.profile import ModelProfile
@@ -28,7 +28,7 @@ class Layout:
     image_size: int
     splits: tuple[str, ...] = ()
     recompute: str = "none"  # none | auto | module names, comma-separated
-    device_iterations: int = 1
+    device_iterations: int | None = None  # None: Graphcore's, one host round trip per log interval
     optimizer_state: str = "on_chip"
     input_8bit: bool = True
     compute: str = "fp16"
@@ -45,12 +45,13 @@ class Layout:
             return self.recompute
         return [name.strip() for name in self.recompute.split(",") if name.strip()]
 
-    def shape(self) -> RunShape:
+    def shape(self, train_images: int = 1_281_167) -> RunShape:
+        """The run shape the cost model times; an epoch of `train_images` sets Graphcore's host round trips."""
         return RunShape(
             replicas=self.replicas,
             micro_batch=self.micro_batch,
             grad_accum=self.grad_accum,
-            device_iterations=self.device_iterations,
+            device_iterations=self.device_iterations or updates_per_host_call(train_images, self.global_batch),
             fp16=self.compute != "fp32",
             fp32_master=self.master == "fp32",
             merged_allreduce=self.merged_allreduce,

@@ -5,29 +5,17 @@ cannot take (a cut where two tensors cross, an oversubscribed plan) is the user'
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
-
 from torch import nn
 
 from backends.ipu_sim import calibrate, cost, pipeline, uncertainty
 from backends.ipu_sim.clock import DeviceClock
-from backends.ipu_sim.cost import Constants, Projection
+from backends.ipu_sim.cost import Constants, Projection, Schedule
 from backends.ipu_sim.memory import OutOfMemory
 from backends.ipu_sim.plan import Layout, Plan, plan_run
 from backends.ipu_sim.uncertainty import Interval
 from configs.hardware import System
 from configs.schema import Config, ConfigError, batch_shape
 from models import batchnorm, build_resnet50
-
-
-@dataclass(frozen=True)
-class Workload:
-    """What a projection times: `epochs` of `train_images`, with `eval_images` evaluated every `eval_every`."""
-
-    epochs: int
-    train_images: int
-    eval_images: int
-    eval_every: int
 
 
 def layout(cfg: Config) -> Layout:
@@ -95,32 +83,48 @@ def system_of(cfg: Config) -> System:
     return cfg.device.system
 
 
-def project(planned: Plan, system: System, workload: Workload) -> str:
+def project(planned: Plan, system: System, schedule: Schedule) -> str:
     """The system's memory plan, the step time by component, and the projected epoch and time-to-train, with the
-    range the assumed constants allow, each corner refitted to POD16 as the central value is; last, one JSON line."""
-    pod16 = calibrate.load_system(calibrate.POD16.system)
-    refit = calibrate.refitter(calibrate.resnet50_profile(pod16), pod16)
-    shape = planned.layout.shape()
+    range the assumed constants allow, each corner refitted to the in-sample results as the central value is, and
+    how far the run reaches beyond them; last, one JSON line."""
+    systems = calibrate.in_sample_systems()
+    refit = calibrate.refitter(calibrate.resnet50_profile(systems[calibrate.POD16.system]), systems)
+    shape = planned.layout.shape(schedule.train_images)
 
     def at(constants: Constants) -> Projection:
-        return cost.project(
-            planned.profile,
-            system,
-            shape,
-            constants,
-            epochs=workload.epochs,
-            train_images=workload.train_images,
-            eval_images=workload.eval_images,
-            eval_every=workload.eval_every,
-        )
+        return cost.project(planned.profile, system, shape, constants, schedule)
 
     central = refit(Constants())
-    return report(planned, system, uncertainty.interval(at, refit, central), central, workload.epochs)
+    assert central is not None, "the central constants must fit the in-sample results"
+    spread = uncertainty.interval(at, refit, central)
+    return report(planned, system, spread, central, schedule.epochs, beyond_calibration(planned, system, shape))
 
 
-def report(planned: Plan, system: System, spread: Interval, central: Constants, epochs: int) -> str:
-    """The system, the memory table, the cost model's report and its ranges, and last one JSON line of figures."""
+def beyond_calibration(planned: Plan, system: System, shape: cost.RunShape) -> list[str]:
+    """Where the run reaches beyond the in-sample systems (1 to 2 POD64s of GC200s, 2 to 10 micro-batches of 20
+    per update, one IPU per replica, 8 to 64 host processes); nothing is widened for it beyond the ranges."""
+    samples = [published.shape for published in calibrate.IN_SAMPLE]
+    spanned = cost.pods(system, shape, len(planned.profile.stages))
+    beyond = []
+    if spanned > 2:
+        beyond.append(f"{spanned} POD64s (calibrated: 1 to 2): the cross-POD phase grows as gateway_growth assumes")
+    if system.chip.name != "gc200":
+        beyond.append(f"chip {system.chip.name} (calibrated: gc200): per-update costs are taken as the GC200's")
+    accumulations = [sample.grad_accum for sample in samples]
+    if not min(accumulations) <= shape.grad_accum <= max(accumulations):
+        beyond.append(f"{shape.grad_accum} micro-batches per update (calibrated: 2 to 10)")
+    if shape.micro_batch != calibrate.RECIPE.micro_batch or len(planned.profile.stages) > 1:
+        beyond.append("a micro-batch or pipeline other than the recipe's (20 images on one IPU)")
+    if cost.instances(shape) > max(cost.instances(sample) for sample in samples):
+        beyond.append(f"{cost.instances(shape)} host processes (calibrated: 8 to 64)")
+    return beyond
+
+
+def report(planned: Plan, system: System, spread: Interval, central: Constants, epochs: int, beyond: list[str]) -> str:
+    """The system, the memory table, the cost model's report and its ranges, where it extrapolates, and last one
+    JSON line of figures."""
     memory = {"ipu_memory_mb": [round(row.total_mb, 1) for row in planned.memory.rows], "fits": planned.memory.fits}
+    reach = "within the calibrated regime" if not beyond else "beyond the calibrated regime: " + "; ".join(beyond)
     hosts = f"{system.hosts} hosts, {system.host_cores} host cores"
     return "\n".join(
         [
@@ -128,9 +132,10 @@ def report(planned: Plan, system: System, spread: Interval, central: Constants, 
             f"{planned.memory.table()}\n{planned.memory.suggestion()}\n",
             cost.report(spread.central, planned.layout.shape(), len(planned.profile.stages), epochs),
             uncertainty.report(spread, central),
-            json.dumps(uncertainty.figures(spread) | memory),
+            reach,
+            json.dumps(uncertainty.figures(spread) | memory | {"beyond_calibration": beyond}),
         ]
     )
 
 
-__all__ = ["Layout", "Plan", "Workload", "build_model", "clock", "layout", "plan", "project"]
+__all__ = ["Layout", "Plan", "Schedule", "build_model", "clock", "layout", "plan", "project"]
