@@ -221,7 +221,8 @@ def gateway_s(profile: ModelProfile, system: System, shape: RunShape, constants:
     pair = ring_allreduce_s(
         shard, 2, gateway_share(system, constants), constants.gateway_latency_s, collectives(profile, shape)
     )
-    return pair * (spanned - 1) ** constants.gateway_growth
+    growth: float = (spanned - 1) ** constants.gateway_growth
+    return pair * growth
 
 
 SYNCS_PER_UPDATE = 3  # the accumulation loop ends, the collective ends, the update ends: each a program switch

@@ -5,6 +5,7 @@ cannot take (a cut where two tensors cross, an oversubscribed plan) is the user'
 from __future__ import annotations
 
 import json
+
 from torch import nn
 
 from backends.ipu_sim import calibrate, cost, pipeline, uncertainty
