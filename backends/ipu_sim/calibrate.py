@@ -219,8 +219,8 @@ SYSTEMS = {
 
 
 def fitted_ranges(refit: Refit, central: Constants) -> dict[str, tuple[float, float]]:
-    """Each fitted constant's spread over the assumption corners the in-sample results allow."""
-    fits = [fitted for fitted in map(refit, corners(central, ASSUMPTIONS)) if fitted is not None]
+    """Each fitted constant's spread over the assumption corners the in-sample results allow, and the central fit."""
+    fits = [central, *(fitted for fitted in map(refit, corners(central, ASSUMPTIONS)) if fitted is not None)]
     return {name: (min(getattr(f, name) for f in fits), max(getattr(f, name) for f in fits)) for name in FITTED}
 
 

@@ -56,6 +56,12 @@ ASSUMPTIONS: dict[str, Assumption] = {
     "host_hop_s": Assumption(
         20e-6, 200e-6, "us", "one small TCP message between host processes over 100 GbE, MPI stack included"
     ),
+    "instance_sync_s": Assumption(
+        0.0,
+        2.65e-3,
+        "ms",
+        "per host process per round trip: 0, up to 2.65 ms, where it leaves POD128's gateways at line rate",
+    ),
     "loader_img_s_per_core": Assumption(
         400, 1100, "", "bench.loader's per-core rates on a 2.1 GHz Xeon, DALI-like to fused; the EPYC 7742 unmeasured"
     ),
@@ -124,18 +130,20 @@ def interval(
     central: Constants,
     assumptions: Mapping[str, Assumption] = ASSUMPTIONS,
 ) -> Interval:
-    """The projection at `central` and the range of throughput and time-to-train over the corners the in-sample
-    results allow (a corner they leave no physical fit for is left out; the central projection is included, so the
-    interval holds it even where the model is not monotonic in a constant)."""
+    """The projection at `central` and the range of throughput and time-to-train over the corners and single ends
+    the in-sample results allow (one they leave no physical fit for is left out; the central projection is
+    included, so the interval holds it even where the model is not monotonic in a constant)."""
     fitted = (refit(corner) for corner in corners(central, assumptions))
     projections = [project_at(central), *(project_at(constants) for constants in fitted if constants is not None)]
-    throughputs = [p.throughput_img_s for p in projections]
-    times = [p.time_to_train_min for p in projections]
     swings: dict[str, tuple[float, float]] = {}
     for name, assumption in assumptions.items():
         refitted = [refit(end) for end in ends(central, name, assumption)]
-        at_ends = [project_at(constants).time_to_train_min for constants in refitted if constants is not None]
-        swings[name] = (at_ends[0], at_ends[-1]) if at_ends else (projections[0].time_to_train_min,) * 2
+        at_ends = [project_at(constants) for constants in refitted if constants is not None]
+        projections += at_ends  # an end the results allow where few corners are: it bounds the range too
+        times_at_ends = [p.time_to_train_min for p in at_ends] or [projections[0].time_to_train_min]
+        swings[name] = (times_at_ends[0], times_at_ends[-1])
+    throughputs = [p.throughput_img_s for p in projections]
+    times = [p.time_to_train_min for p in projections]
     most_sensitive = max(swings, key=lambda name: abs(swings[name][1] - swings[name][0]))
     low, high = swings[most_sensitive]
     moved = abs(high - low) > 1e-3 * high
