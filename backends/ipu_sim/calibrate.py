@@ -290,8 +290,8 @@ def scaled(
 
 
 def shares(projection: Projection, epochs: int) -> tuple[dict[str, float], dict[str, float]]:
-    """Each term's share of an update (%), and of the whole training, by what it is paid per: per micro-batch,
-    per update, per host round trip, per checkpoint (%)."""
+    """Each term's share of an update, and of an epoch on average (the run's training time over its epochs), by
+    what it is paid per: per micro-batch, per update, per host round trip, per checkpoint; in %."""
     step = projection.step
     per_update = {term: 100 * getattr(step, f"{term}_s") / step.total_s for term in STEP_TERMS}
     training = projection.training_s
@@ -312,12 +312,12 @@ STEP_TERMS = ("compute", "allreduce", "gateway", "update", "sync", "host_sync")
 
 def print_scaling(profile: ModelProfile, constants: Constants, refit: Refit, grad_accum: int, epochs: int) -> None:
     """One recipe shape (20 images x K per replica, one IPU each) on every system of both chips: throughput per
-    IPU, time-to-train, each step term's share of an update, and the training time by what it is paid per."""
+    IPU, time-to-train, each step term's share of an update, and an epoch's time by what it is paid per."""
     print_constants(constants, refit)
     print(f"scaling: 20 images x {grad_accum} micro-batches per replica, one IPU per replica, {epochs:g} epochs")
     header = f"{'system':<11} {'IPUs':>4} {'img/s/IPU':>9} {'range':>11} {'vs 16':>6} {'TTT min':>7} {'range':>11}"
     print(header + "  % of an update:" + "".join(f"{term:>10}" for term in STEP_TERMS), end="")
-    print("  % of training per: micro-batch update round-trip checkpoint")
+    print("  % of an epoch, paid per: micro-batch update round-trip checkpoint")
     summary: dict[str, object] = {}
     for names in SYSTEMS.values():
         smallest = None
