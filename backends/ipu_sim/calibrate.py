@@ -36,6 +36,7 @@ from backends.ipu_sim.cost import (
     RunShape,
     Schedule,
     eval_image_s,
+    host_calls_per_epoch,
     project,
     step_time,
 )
@@ -117,8 +118,7 @@ def device_bound(profile: ModelProfile, systems: Mapping[str, System], constants
 def target_s(published: Published) -> float:
     """One update of the published run: the steady epoch over its updates (whole round trips, as train.py logs)."""
     shape = published.shape
-    calls = max(1, round(published.schedule.train_images / shape.global_batch / shape.device_iterations))
-    return published.steady_epoch_s / (calls * shape.device_iterations)
+    return published.steady_epoch_s / (host_calls_per_epoch(published.schedule, shape) * shape.device_iterations)
 
 
 def fit_step(profile: ModelProfile, systems: Mapping[str, System], assumed: Constants) -> Constants | None:
@@ -132,8 +132,8 @@ def fit_step(profile: ModelProfile, systems: Mapping[str, System], assumed: Cons
 
     rows = []
     for published in (POD16, POD64):
-        base = at(published, 1.0, 0.0)
-        rows.append((at(published, 2.0, 0.0) - base, base - (at(published, 2.0, 0.0) - base), target_s(published)))
+        base, doubled = at(published, 1.0, 0.0), at(published, 2.0, 0.0)
+        rows.append((doubled - base, 2 * base - doubled, target_s(published)))
     (slope16, rest16, t16), (slope64, rest64, t64) = rows
     inverse_efficiency = (t16 - t64 - rest16 + rest64) / (slope16 - slope64)
     overhead = t16 - slope16 * inverse_efficiency - rest16
@@ -294,16 +294,17 @@ def shares(projection: Projection, epochs: int) -> tuple[dict[str, float], dict[
     what it is paid per: per micro-batch, per update, per host round trip, per checkpoint; in %."""
     step = projection.step
     per_update = {term: 100 * getattr(step, f"{term}_s") / step.total_s for term in STEP_TERMS}
-    training = projection.training_s
-    steps_s = epochs * projection.steady_epoch_s
-    round_trips = step.host_sync_s / step.total_s * steps_s
-    per_run = {
-        "micro-batch": 100 * step.compute_s / step.total_s * steps_s / training,
-        "update": 100 * (steps_s - round_trips) / training - 100 * step.compute_s / step.total_s * steps_s / training,
-        "round trip": 100 * round_trips / training,
-        "checkpoint": 100 * (training - steps_s) / training,
+    steps_share = 100 * epochs * projection.steady_epoch_s / projection.training_s
+    micro_batches, round_trips = (
+        steps_share * seconds / step.total_s for seconds in (step.compute_s, step.host_sync_s)
+    )
+    per_epoch = {
+        "micro-batch": micro_batches,
+        "update": steps_share - micro_batches - round_trips,
+        "round trip": round_trips,
+        "checkpoint": 100 - steps_share,
     }
-    return per_update, per_run
+    return per_update, per_epoch
 
 
 # StepTime's fields less "_s" that change with scale: exchange is 0 (the recipe has no pipeline).
@@ -329,19 +330,19 @@ def print_scaling(profile: ModelProfile, constants: Constants, refit: Refit, gra
             smallest = smallest or per_ipu
             low, high = (value / system.ipus for value in spread.throughput_img_s)
             first, last = spread.time_to_train_min
-            per_update, per_run = shares(projection, epochs)
+            per_update, per_epoch = shares(projection, epochs)
             print(
                 f"{name:<11} {system.ipus:>4} {per_ipu:>9,.0f} {f'{low:,.0f}-{high:,.0f}':>11}"
                 f" {per_ipu / smallest:>6.3f} {projection.time_to_train_min:>7.2f} {f'{first:.2f}-{last:.2f}':>11}"
                 + " " * 16
                 + "".join(f"{value:>10.2f}" for value in per_update.values())
                 + " " * 20
-                + "".join(f"{value:>10.2f}" for value in per_run.values())
+                + "".join(f"{value:>10.2f}" for value in per_epoch.values())
             )
             summary[name] = figures(spread) | {
                 "img_s_per_ipu": round(per_ipu, 1),
                 "update_share_pct": {term: round(value, 3) for term, value in per_update.items()},
-                "training_share_pct": {term: round(value, 3) for term, value in per_run.items()},
+                "epoch_share_pct": {term: round(value, 3) for term, value in per_epoch.items()},
             }
     print(json.dumps(summary))
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from backends.ipu_sim.profile import ModelProfile, StageProfile
 from configs.hardware import System
+from data.datasets import IMAGENET_EVAL_IMAGES, IMAGENET_TRAIN_IMAGES
 
 
 @dataclass(frozen=True)
@@ -99,8 +100,8 @@ class Schedule:
     `first_eval` (and at the last), each evaluated on `eval_images` after training, as Graphcore's runs did."""
 
     epochs: int
-    train_images: int = 1_281_167
-    eval_images: int = 50_000
+    train_images: int = IMAGENET_TRAIN_IMAGES
+    eval_images: int = IMAGENET_EVAL_IMAGES
     eval_every: int = 4
     first_eval: int = 4
 
@@ -330,16 +331,25 @@ def host_calls_per_epoch(schedule: Schedule, shape: RunShape) -> int:
     return max(1, round(updates / shape.device_iterations))
 
 
-def logged_epochs_s(schedule: Schedule, shape: RunShape, call_s: float, constants: Constants) -> list[float]:
-    """Each epoch as the MLPerf log times it, from train.py's training loop: round trips of `device_iterations`
-    updates while `i < iterations` (the last one runs in full); before a round trip, the epoch ends if the round
-    trip would end in the next one; after it, a checkpoint if it crossed `ckpt_epochs_offset` plus a multiple of
-    `epochs_per_ckpt` epochs (or ended the run), and the round trip after a checkpoint catches up. So a checkpoint
-    lands in the epoch it closes at POD16 and POD128, and in the next one at POD64, as their logs show."""
+@dataclass(frozen=True)
+class Training:
+    """The training loop as the MLPerf log times it: each epoch's seconds, and the checkpoints written (each is
+    evaluated after training)."""
+
+    epochs_s: list[float]
+    checkpoints: int
+
+
+def training_loop(schedule: Schedule, shape: RunShape, call_s: float, constants: Constants) -> Training:
+    """Graphcore's train.py training loop: round trips of `device_iterations` updates while `i < iterations` (the
+    last one runs in full); before a round trip, the epoch ends if the round trip would end in the next one; after
+    it, a checkpoint if it crossed `ckpt_epochs_offset` plus a multiple of `epochs_per_ckpt` epochs (or ended the
+    run), and the round trip after a checkpoint catches up. So a checkpoint lands in the epoch it closes at POD16
+    and POD128, and in the next one at POD64, as their logs show."""
     batch, images, epochs = shape.global_batch, schedule.train_images, schedule.epochs
     iterations, per_epoch, step = images * epochs // batch, images // batch, shape.device_iterations
     offset, every = schedule.first_eval * per_epoch, schedule.eval_every * per_epoch
-    logged, current, log_epoch, catching_up, i = [], 0.0, 1, False, 0
+    logged, current, log_epoch, checkpoints, catching_up, i = [], 0.0, 1, 0, False, 0
     while i < iterations:
         epoch = batch * (i + step) / images
         if math.floor(epoch) == log_epoch and round(epoch) != epochs:
@@ -349,15 +359,9 @@ def logged_epochs_s(schedule: Schedule, shape: RunShape, call_s: float, constant
         checkpoint = i >= offset - step and crossed and not (round(epoch) == epochs and i + step < iterations)
         current += call_s + (constants.catch_up_s if catching_up else 0.0)
         current += constants.checkpoint_s if checkpoint else 0.0
+        checkpoints += checkpoint
         catching_up, i = checkpoint, i + step
-    return [*logged, current]
-
-
-def checkpoint_epochs(schedule: Schedule) -> list[int]:
-    """The epochs a checkpoint is written at, and so evaluated after training: train.py's `epochs_per_ckpt` (4)
-    from `ckpt_epochs_offset` (2 at POD16 and POD64, 1 at POD128), and the last epoch."""
-    epochs = list(range(schedule.first_eval, schedule.epochs + 1, schedule.eval_every))
-    return epochs if epochs and epochs[-1] == schedule.epochs else [*epochs, schedule.epochs]
+    return Training([*logged, current], checkpoints)
 
 
 def project(
@@ -368,24 +372,22 @@ def project(
     (its logs: run_stop follows the last evaluation; nothing else inside the timed region)."""
     step = step_time(profile, system, shape, constants)
     call_s = shape.device_iterations * step.total_s
-    epochs = logged_epochs_s(schedule, shape, call_s, constants)
-    evaluated = len(checkpoint_epochs(schedule))
-    evaluation = constants.eval_setup_s + evaluated * evaluation_s(
+    training = training_loop(schedule, shape, call_s, constants)
+    evaluation = constants.eval_setup_s + training.checkpoints * evaluation_s(
         profile, system, shape, constants, schedule.eval_images
     )
-    median = statistics.median(epochs)
-    total = sum(epochs) + evaluation
-    steady = host_calls_per_epoch(schedule, shape) * call_s
+    median, training_s = statistics.median(training.epochs_s), sum(training.epochs_s)
+    calls = host_calls_per_epoch(schedule, shape)
     return Projection(
         schedule.train_images / median,
         median,
-        steady,
-        sum(epochs),
+        calls * call_s,
+        training_s,
         evaluation,
-        total / 60,
+        (training_s + evaluation) / 60,
         step,
-        host_calls_per_epoch(schedule, shape),
-        evaluated,
+        calls,
+        training.checkpoints,
     )
 
 

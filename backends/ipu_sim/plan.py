@@ -13,6 +13,7 @@ from backends.ipu_sim.memory import MemoryPlan, plan_memory
 from backends.ipu_sim.probe import profile_model
 from backends.ipu_sim.profile import ModelProfile
 from configs.hardware import Chip
+from data.datasets import IMAGENET_TRAIN_IMAGES
 
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 OPTIMIZER_SLOTS = 1  # momentum, for LARS and SGD alike
@@ -45,7 +46,7 @@ class Layout:
             return self.recompute
         return [name.strip() for name in self.recompute.split(",") if name.strip()]
 
-    def shape(self, train_images: int = 1_281_167) -> RunShape:
+    def shape(self, train_images: int = IMAGENET_TRAIN_IMAGES) -> RunShape:
         """The run shape the cost model times; an epoch of `train_images` sets Graphcore's host round trips."""
         return RunShape(
             replicas=self.replicas,

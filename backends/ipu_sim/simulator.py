@@ -98,30 +98,47 @@ def project(planned: Plan, system: System, schedule: Schedule) -> str:
     central = refit(Constants())
     assert central is not None, "the central constants must fit the in-sample results"
     spread = uncertainty.interval(at, refit, central)
-    return report(planned, system, spread, central, schedule.epochs, beyond_calibration(planned, system, shape))
+    return report(planned, system, shape, spread, central, schedule.epochs, beyond_calibration(planned, system, shape))
 
 
 def beyond_calibration(planned: Plan, system: System, shape: cost.RunShape) -> list[str]:
-    """Where the run reaches beyond the in-sample systems (1 to 2 POD64s of GC200s, 2 to 10 micro-batches of 20
-    per update, one IPU per replica, 8 to 64 host processes); nothing is widened for it beyond the ranges."""
-    samples = [published.shape for published in calibrate.IN_SAMPLE]
-    spanned = cost.pods(system, shape, len(planned.profile.stages))
+    """Where the run reaches beyond the in-sample systems (their POD64s, chip, accumulations and host processes,
+    and the recipe's 20 images on one IPU per replica); nothing is widened for it beyond the ranges."""
+    stages = len(planned.profile.stages)
+    samples = {published.system: published.shape for published in calibrate.IN_SAMPLE}
+    calibrated = {name: calibrate.load_system(name) for name in samples}
+    most_pods = max(cost.pods(calibrated[name], sample, 1) for name, sample in samples.items())
+    chips = sorted({chip.chip.name for chip in calibrated.values()})
+    accumulations = [sample.grad_accum for sample in samples.values()]
+    processes = [cost.instances(sample) for sample in samples.values()]
     beyond = []
-    if spanned > 2:
-        beyond.append(f"{spanned} POD64s (calibrated: 1 to 2): the cross-POD phase grows as gateway_growth assumes")
-    if system.chip.name != "gc200":
-        beyond.append(f"chip {system.chip.name} (calibrated: gc200): per-update costs are taken as the GC200's")
-    accumulations = [sample.grad_accum for sample in samples]
+    if cost.pods(system, shape, stages) > most_pods:
+        spanned = cost.pods(system, shape, stages)
+        beyond.append(
+            f"{spanned} POD64s (calibrated: up to {most_pods}): the cross-POD phase grows as gateway_growth assumes"
+        )
+    if system.chip.name not in chips:
+        beyond.append(f"chip {system.chip.name} (calibrated: {', '.join(chips)}): per-update costs are taken as theirs")
     if not min(accumulations) <= shape.grad_accum <= max(accumulations):
-        beyond.append(f"{shape.grad_accum} micro-batches per update (calibrated: 2 to 10)")
-    if shape.micro_batch != calibrate.RECIPE.micro_batch or len(planned.profile.stages) > 1:
+        beyond.append(
+            f"{shape.grad_accum} micro-batches per update (calibrated: {min(accumulations)} to {max(accumulations)})"
+        )
+    if shape.micro_batch != calibrate.RECIPE.micro_batch or stages > 1:
         beyond.append("a micro-batch or pipeline other than the recipe's (20 images on one IPU)")
-    if cost.instances(shape) > max(cost.instances(sample) for sample in samples):
-        beyond.append(f"{cost.instances(shape)} host processes (calibrated: 8 to 64)")
+    if cost.instances(shape) > max(processes):
+        beyond.append(f"{cost.instances(shape)} host processes (calibrated: {min(processes)} to {max(processes)})")
     return beyond
 
 
-def report(planned: Plan, system: System, spread: Interval, central: Constants, epochs: int, beyond: list[str]) -> str:
+def report(
+    planned: Plan,
+    system: System,
+    shape: cost.RunShape,
+    spread: Interval,
+    central: Constants,
+    epochs: int,
+    beyond: list[str],
+) -> str:
     """The system, the memory table, the cost model's report and its ranges, where it extrapolates, and last one
     JSON line of figures."""
     memory = {"ipu_memory_mb": [round(row.total_mb, 1) for row in planned.memory.rows], "fits": planned.memory.fits}
@@ -131,7 +148,7 @@ def report(planned: Plan, system: System, spread: Interval, central: Constants, 
         [
             f"{system.name}: {system.ipus} {system.chip.name} IPUs, {hosts}",
             f"{planned.memory.table()}\n{planned.memory.suggestion()}\n",
-            cost.report(spread.central, planned.layout.shape(), len(planned.profile.stages), epochs),
+            cost.report(spread.central, shape, len(planned.profile.stages), epochs),
             uncertainty.report(spread, central),
             reach,
             json.dumps(uncertainty.figures(spread) | memory | {"beyond_calibration": beyond}),
