@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from bench.gpu import check, pipeline, report
+from bench.gpu import train as gpu_train
 from bench.gpu.check import Stage
 from configs.schema import SPEED_OPTIONS
 from tests.conftest import composed
@@ -58,7 +59,7 @@ def test_a_stage_that_fails_or_hangs_is_recorded_and_the_next_one_runs(tmp_path:
     assert results["hangs"]["error"].startswith("timed out after 1 s")
     assert results["fine"] == {"img_s": 123.4, "status": "ok", "seconds": results["fine"]["seconds"]}
     written = json.loads((tmp_path / "out" / "gpu.json").read_text())
-    assert written == {"stages": results}
+    assert written == {"stages": results, "winners": {}}
     assert list(written["stages"]) == ["setup", "broken", "hangs", "fine"]
     table = (tmp_path / "out" / "gpu.md").read_text()
     assert "| broken | failed |" in table and "no kernel image for this GPU" in table
@@ -80,11 +81,27 @@ def test_only_the_stages_asked_for_run(tmp_path: Path, no_setup: None) -> None:
     assert list(check.check(args, stages)) == ["setup", "step"]
 
 
+def test_a_check_split_over_two_calls_reports_every_stage_of_both(tmp_path: Path, no_setup: None) -> None:
+    """The second call (--stages) adds its stages to what the first recorded in the scratch folder, and its
+    winners are drawn from both: the step's figures from the first call, the loader's from the second."""
+    write_step = "import json, sys; open(sys.argv[1], 'w').write(json.dumps({'best': ['precision=bf16']}))"
+    write_loader = "import json, sys; open(sys.argv[1], 'w').write(json.dumps({'img_s_by_workers': {'8': 9.0}}))"
+    stages = (python_stage("step", write_step), python_stage("loader", write_loader))
+    work = ["--work", str(tmp_path / "work")]
+    check.check(check.parse_args(["--out", str(tmp_path / "first"), *work, "--stages", "step"]), stages)
+    check.check(check.parse_args(["--out", str(tmp_path / "second"), *work, "--stages", "loader"]), stages)
+    written = json.loads((tmp_path / "second" / "gpu.json").read_text())
+    assert list(written["stages"]) == ["setup", "step", "loader"]
+    assert written["winners"] == {"step": ["precision=bf16"], "loader": "8", "decode_by_workers": {}}
+    fresh = check.check(check.parse_args(["--out", str(tmp_path / "third"), *work]), stages)
+    assert list(fresh) == ["setup", "step", "loader"] and fresh["step"]["status"] == "ok"  # a whole check anew
+
+
 def test_an_unknown_stage_name_is_refused_naming_the_stages(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exit_:
         check.parse_args(["--stages", "step,stpe"])
     assert exit_.value.code == 2
-    assert "no stage stpe; the stages are env, tests, smoke, step, loader, e2e" in capsys.readouterr().err
+    assert "no stage stpe; the stages are env, tests, smoke, step, train, loader, e2e" in capsys.readouterr().err
 
 
 def test_a_setup_without_the_wheels_says_how_to_make_them(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -113,7 +130,7 @@ def test_the_cuda_tests_are_counted_from_pytests_report(tmp_path: Path) -> None:
 
 
 def write_figures(work: Path, rows: dict[str, float], workers: dict[str, float]) -> None:
-    step = {"rows": {name: {"img_s": rate} for name, rate in rows.items()} | {"timm": "skipped: no timm"}}
+    step = {"rows": {name: {"img_s": rate} for name, rate in rows.items()} | {"bare_compiled": "skipped: no compiler"}}
     (work / "step.json").write_text(json.dumps(step))
     (work / "loader.json").write_text(json.dumps({"img_s_by_workers": workers}))
 
@@ -144,15 +161,15 @@ def test_the_table_shows_each_row_against_the_bare_loop_and_the_loader_against_t
             "seconds": 100,
             "batch": 256,
             "image": 224,
-            "rows": {"bare": {"img_s": 4000.0, "peak_gib": 11.0}, "bf16": {"img_s": 2000.0}, "timm": "skipped: x"},
+            "rows": {"bare": {"img_s": 4000.0, "peak_gib": 11.0}, "best": {"img_s": 2000.0}, "bare_compiled": "skipped: x"},
         },
         "loader": {"status": "ok", "seconds": 40, "batch": 256, "image": 224, "img_s_by_workers": {"15": 5000.0}},
         "e2e": {"status": "failed", "seconds": 3, "error": "exit status 1: CUDA error | out of memory"},
     }
     table = report.table(stages)
     assert "NVIDIA H100 80GB HBM3; torch 2.11.0+cu130" in table
-    assert "| bf16 | 2000.0 |  | 0.50x |" in table
-    assert "| timm | skipped: x |" in table
+    assert "| best | 2000.0 |  | 0.50x |" in table
+    assert "| bare_compiled | skipped: x |" in table
     assert "| 15 | 5000.0 | 2.50x |" in table
     assert "| e2e | failed | 3 | exit status 1: CUDA error / out of memory |" in table
 
@@ -163,13 +180,18 @@ def test_the_rehearsal_runs_every_stage_on_the_gpu_machines_stack() -> None:
     check itself, every stage on the CPU at tiny sizes; and what a device call carries stays under its 64 MiB."""
     subprocess.run(["make", "gpu-rehearse"], cwd=REPO, check=True, timeout=3600)
     stages = json.loads((REPO / "build" / "gpu-rehearse" / "gpu.json").read_text())["stages"]
-    assert list(stages) == ["setup", "env", "tests", "smoke", "step", "loader", "e2e"]
+    assert list(stages) == ["setup", "env", "tests", "smoke", "step", "train", "loader", "e2e"]
     assert {name: stage["status"] for name, stage in stages.items()} == dict.fromkeys(stages, "ok")
     assert stages["env"]["torch"].startswith("2.11.0") and stages["env"]["torchvision"].startswith("0.26.0")
     assert stages["env"]["python"].startswith("3.12")
     assert stages["step"]["peak_gib"].startswith("skipped: ")
     assert stages["tests"]["skipped_reason"].startswith("no CUDA device")
     assert stages["smoke"]["checker"] == "passed"
+    assert set(stages["step"]["rows"]) >= {"bare", "bare_compiled", "base", "best", "defaults", "eager", "bare_again"}
+    assert {name: run["run_status"] for name, run in stages["train"]["runs"].items()} == {
+        "defaults": "aborted",  # mlperf.target_accuracy=1.0: every run trains its epochs
+        "decode=gpu": "aborted",
+    }
     tracked = subprocess.run(["git", "ls-files", "-z"], cwd=REPO, capture_output=True, check=True).stdout
     carried = sum(path.stat().st_size for path in (REPO / ".gpu").rglob("*") if path.is_file())
     tree = sum((REPO / name).stat().st_size for name in tracked.decode().split("\0") if (REPO / name).is_file())
@@ -183,3 +205,30 @@ def test_the_time_to_train_is_projected_from_the_imagenet_recipe(tmp_path: Path)
     assert pipeline.projected_minutes(cfg, img_s=6000) == pytest.approx(expected_s / 60)
     measured_eval_s = 38 * 1_281_167 / 6000 + evaluations * 50_000 / 12_000  # the step stage's eval rate
     assert pipeline.projected_minutes(cfg, img_s=6000, eval_img_s=12_000) == pytest.approx(measured_eval_s / 60)
+
+
+def test_the_winners_say_which_options_beat_base_and_which_decode_path_was_faster() -> None:
+    stages = {
+        "step": {
+            "rows": {"base": {"img_s": 2000.0}, "+device.compile": {"img_s": 5000.0}, "+device.foreach": "failed: x"},
+            "best": ["precision=bf16", "device.compile=true", "device.foreach=false"],
+        },
+        "loader": {"img_s_by_workers": {"4": 1900.0, "8": 3700.0, "gpu/4": 3000.0, "gpu/8": 3500.0}},
+        "train": {"runs": {"defaults": {"img_s": 3400.0}, "decode=gpu": {"img_s": 3300.0}, "workers=15": "failed"}},
+    }
+    assert report.winners(stages) == {
+        "options_over_base": {"device.compile": 2.5, "device.foreach": None},
+        "step": ["precision=bf16", "device.compile=true", "device.foreach=false"],
+        "loader": "8",
+        "decode_by_workers": {"4": "gpu", "8": "cpu"},
+        "train": "defaults",
+    }
+
+
+def test_the_train_stage_reads_the_rate_train_py_logged_for_each_epoch(tmp_path: Path) -> None:
+    """The median epoch after the first (which captures the CUDA graph and autotunes), from metrics.csv."""
+    (tmp_path / "metrics.csv").write_text("epoch,images_per_s\n1,900.0\n2,5000.0\n3,5200.0\n4,4000.0\n")
+    rates = gpu_train.epoch_rates(tmp_path / "metrics.csv")
+    assert rates == [900.0, 5000.0, 5200.0, 4000.0]
+    assert gpu_train.steady_rate(rates) == 5000.0
+    assert gpu_train.steady_rate([900.0]) == 900.0  # a run of one epoch has only that one

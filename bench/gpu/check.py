@@ -1,8 +1,8 @@
-"""The one-shot GPU check: everything the harness must show on a GPU, in one command of at most 8 minutes.
+"""The one-shot GPU check: everything the harness must show on a GPU, in one command of at most 10 minutes.
 
     make gpu-check                   # on the GPU machine: python3 -m bench.gpu.check --out $OUT
     make gpu-rehearse                # here: the same on the CPU with torch 2.11, at tiny sizes (--tiny)
-    python -m bench.gpu.check --out DIR [--tiny] [--stages step,e2e] [--budget 450]
+    python -m bench.gpu.check --out DIR [--tiny] [--stages step,e2e] [--budget 570]
 
 First `setup`: the wheels `make gpu-wheels` carried (hydra-core, omegaconf, mlperf-logging, ...) installed into
 build/gpu-site where this Python lacks them, and the JPEG decoder compiled (`make native`, against the carried
@@ -10,15 +10,18 @@ libjpeg-turbo headers when they came along). Then each stage runs in its own pro
 to what is left of the budget; a stage that fails or runs out of time is recorded with the tail of its log, and
 the next one runs:
 
-  env     versions, the GPU's name, memory and clocks, the decoder loaded          bench/gpu/env.py
-  tests   the tests marked cuda (pytest -m cuda)                                 tests/test_cuda.py
-  smoke   train.py experiment=smoke on the device, to its target, log checked    bench/gpu/smoke.py
-  step    the step at 224 px, batch 256: bare loop, timm, harness and options     bench/gpu/step.py
-  loader  the input pipeline at 224 px with 4, 8 and 15 workers                  bench/gpu/pipeline.py
+  env     versions, the GPU's name, memory and clocks, the decoder loaded            bench/gpu/env.py
+  tests   the tests marked cuda (pytest -m cuda)                                   tests/test_cuda.py
+  smoke   train.py experiment=smoke on the device, to its target, log checked      bench/gpu/smoke.py
+  step    the step at 224 px, batch 256: plain loops, the harness and its options  bench/gpu/step.py
+  train   train.py with device=cuda's defaults on the photos: the headline figure  bench/gpu/train.py
+  loader  the input pipeline at 224 px with 4, 8 and 15 workers, CPU or GPU decode bench/gpu/pipeline.py
   e2e     the harness end to end, the loader feeding, fastest settings found      bench/gpu/pipeline.py
 
-DIR receives gpu.json ({"stages": {name: {"status": "ok" | "failed" | "skipped", "seconds": ..., figures}}}),
-gpu.md (the tables) and one log per stage (six files: with the two, the eight files a device call brings back).
+DIR receives gpu.json ({"stages": {name: {"status": "ok" | "failed" | "skipped", "seconds": ..., figures}},
+"winners": the settings that won, from report.winners}), gpu.md (the tables) and one log per stage. With
+--stages, the stages run now join those an earlier check on this machine recorded in WORK/gpu.json, so a check
+may be split over two device calls on the same warm machine.
 """
 
 from __future__ import annotations
@@ -90,8 +93,9 @@ def junit_counts(path: Path) -> Figures:
 STAGES = (
     bench_stage("env", 60, "bench.gpu.env"),
     Stage("tests", 120, cuda_tests, "tests.xml", junit_counts),
-    bench_stage("smoke", 120, "bench.gpu.smoke"),
-    bench_stage("step", 300, "bench.gpu.step"),
+    bench_stage("smoke", 150, "bench.gpu.smoke"),
+    bench_stage("step", 330, "bench.gpu.step"),
+    bench_stage("train", 180, "bench.gpu.train"),
     bench_stage("loader", 100, "bench.gpu.pipeline", "loader"),
     bench_stage("e2e", 90, "bench.gpu.pipeline", "e2e"),
 )
@@ -166,7 +170,7 @@ def check(args: argparse.Namespace, stages: tuple[Stage, ...] = STAGES) -> dict[
     deadline = time.perf_counter() + args.budget
     args.work.mkdir(parents=True, exist_ok=True)
     args.out.mkdir(parents=True, exist_ok=True)
-    results: dict[str, Figures] = {}
+    results = earlier(args.work) if args.stages else {}
     started = time.perf_counter()
     try:
         figures, env = setup()
@@ -185,14 +189,23 @@ def check(args: argparse.Namespace, stages: tuple[Stage, ...] = STAGES) -> dict[
             cap_s = stage.cap_s * (REHEARSAL_CAPS if args.tiny else 1)
             results[stage.name] = run_stage(stage, env, args, min(cap_s, left))
         print(f"{stage.name}: {results[stage.name]['status']} in {results[stage.name]['seconds']} s", flush=True)
-        write(results, args.out)
+        write(results, args.out, args.work)
     return results
 
 
-def write(stages: dict[str, Figures], out: Path) -> None:
-    from bench.gpu.report import table
+def earlier(work: Path) -> dict[str, Figures]:
+    """The stages an earlier check recorded in WORK (none where there was none)."""
+    path = work / "gpu.json"
+    return json.loads(path.read_text())["stages"] if path.exists() else {}
 
-    (out / "gpu.json").write_text(json.dumps({"stages": stages}, indent=1))
+
+def write(stages: dict[str, Figures], out: Path, work: Path) -> None:
+    """gpu.json and gpu.md into OUT, gpu.json into WORK too (for a later --stages to add to)."""
+    from bench.gpu.report import table, winners
+
+    text = json.dumps({"stages": stages, "winners": winners(stages)}, indent=1)
+    (out / "gpu.json").write_text(text)
+    (work / "gpu.json").write_text(text)
     (out / "gpu.md").write_text(table(stages))
 
 
@@ -217,7 +230,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--tiny", action="store_true", help="the CPU rehearsal: tiny sizes")
     names = [stage.name for stage in STAGES]
     parser.add_argument("--stages", type=lambda text: text.split(","), help=f"of {','.join(names)} (default: all)")
-    parser.add_argument("--budget", type=float, default=450.0, help="seconds for all stages, setup included")
+    parser.add_argument("--budget", type=float, default=570.0, help="seconds for all stages, setup included")
     args = parser.parse_args(argv)
     if unknown := set(args.stages or ()) - set(names):
         parser.error(f"--stages: no stage {', '.join(sorted(unknown))}; the stages are {', '.join(names)}")

@@ -37,7 +37,7 @@ from distributed import Topology
 MIX = (((500, 375), 90), ((375, 500), 85), ((500, 333), 95), ((500, 500), 80), ((640, 480), 75))
 PHOTO_CLASSES = 8
 VAL_IMAGES = 16
-LOADER_SECONDS = {False: 6.0, True: 1.0}  # per worker count: full, tiny
+LOADER_SECONDS = {False: 4.0, True: 1.0}  # per worker count: full, tiny
 
 
 def imagenet_like(root: Path, images: int) -> Path:
@@ -98,7 +98,8 @@ def loader_overrides(key: str) -> list[str]:
     return [f"data.workers={workers}", f"data.decode={decode or 'cpu'}"]
 
 
-def _measured(work: Path, stage_name: str) -> stage.Figures:
+def measured(work: Path, stage_name: str) -> stage.Figures:
+    """The figures stage `stage_name` wrote into WORK ({} where it has not run)."""
     path = work / f"{stage_name}.json"
     return json.loads(path.read_text()) if path.exists() else {}
 
@@ -106,8 +107,8 @@ def _measured(work: Path, stage_name: str) -> stage.Figures:
 def fastest(work: Path) -> list[str]:
     """The overrides of the fastest harness step the `step` stage measured (step_stage.best), with the worker count the
     `loader` stage found fastest (their figures in WORK)."""
-    overrides = step_stage.best(_measured(work, "step").get("rows", {}))
-    workers = _measured(work, "loader").get("img_s_by_workers")
+    overrides = step_stage.best(measured(work, "step").get("rows", {}))
+    workers = measured(work, "loader").get("img_s_by_workers")
     if workers:
         overrides += loader_overrides(max(workers, key=workers.get))
     return overrides
@@ -127,7 +128,7 @@ def e2e(args: argparse.Namespace, sizes: stage.Sizes) -> stage.Figures:
 
     seconds = stage.timed_steps(step, sizes.warmup, sizes.steps)
     rate = sizes.steps * sizes.batch / seconds
-    best = _measured(args.work, "step").get("rows", {}).get("best", {})
+    best = measured(args.work, "step").get("rows", {}).get("best", {})
     eval_rate = best.get("eval_img_s") if isinstance(best, dict) else None
     figures: stage.Figures = {"img_s": round(rate, 1), "overrides": " ".join(overrides)}
     projected = projected_minutes(cfg, rate, eval_rate)

@@ -7,13 +7,11 @@ import datetime
 Figures = dict[str, object]
 STEP_NOTES = {
     "bare": "torchvision ResNet-50, autocast bf16, fused SGD, channels-last: no harness code",
+    "bare_compiled": "the bare loop with the model through torch.compile",
     "bare_again": "the bare loop timed again, last (the noise between two timings)",
-    "timm": "timm resnet50, trained as the bare loop",
-    "fp32": "harness, precision=fp32 (LARS)",
-    "bf16": "harness, precision=bf16 (LARS)",
-    "fp16": "harness, precision=fp16.32 (LARS, dynamic loss scaling)",
-    "sgd": "harness, precision=bf16 optim=sgd",
     "base": "harness bf16, every speed option off",
+    "defaults": "harness, precision=bf16 and the device's defaults (what device=cuda gives)",
+    "eager": "harness, the defaults without device.compile and device.cuda_graphs",
 }
 
 
@@ -26,14 +24,44 @@ def table(stages: dict[str, Figures]) -> str:
     lines += ["| stage | status | seconds | notes |", "|---|---|---|---|"]
     for name, stage in stages.items():
         lines.append(f"| {name} | {stage['status']} | {stage.get('seconds', '')} | {_notes(name, stage)} |")
-    lines += _step(stages.get("step", {})) + _loader(stages) + _e2e(stages.get("e2e", {}))
+    lines += _step(stages.get("step", {})) + _loader(stages) + _train(stages) + _e2e(stages.get("e2e", {}))
     return "\n".join(lines) + "\n"
+
+
+def winners(stages: dict[str, Figures]) -> Figures:
+    """What won, for the defaults to be set from: each speed option against base, the fastest step's settings,
+    the faster decode path at each worker count and overall, the fastest train.py run."""
+    found: Figures = {}
+    rows = stages.get("step", {}).get("rows", {})
+    base = _rate(rows.get("base"))
+    options = {name[1:]: _rate(row) for name, row in rows.items() if name.startswith("+")}
+    if base:
+        found["options_over_base"] = {name: round(rate / base, 3) if rate else None for name, rate in options.items()}
+    if "best" in stages.get("step", {}):
+        found["step"] = stages["step"]["best"]
+    loader = stages.get("loader", {}).get("img_s_by_workers", {})
+    if loader:
+        found["loader"] = max(loader, key=loader.get)
+        found["decode_by_workers"] = _faster_decode(loader)
+    runs = {name: run["img_s"] for name, run in stages.get("train", {}).get("runs", {}).items() if _rate(run)}
+    if runs:
+        found["train"] = max(runs, key=runs.get)
+    return found
+
+
+def _faster_decode(loader: dict[str, float]) -> dict[str, str]:
+    """For each worker count measured both ways ("8" and "gpu/8"), the decode path that was faster."""
+    return {
+        workers: "gpu" if loader[f"gpu/{workers}"] > rate else "cpu"
+        for workers, rate in loader.items()
+        if f"gpu/{workers}" in loader
+    }
 
 
 def _notes(name: str, stage: Figures) -> str:
     if "error" in stage:
         return str(stage["error"]).replace("|", "/")[-400:]
-    if name in ("step", "loader", "e2e"):
+    if name in ("step", "loader", "train", "e2e"):
         return "figures below"
     shown = {k: v for k, v in stage.items() if k not in ("status", "seconds")}
     return ", ".join(f"{k}: {v}" for k, v in shown.items()).replace("|", "/")
@@ -72,11 +100,31 @@ def _loader(stages: dict[str, Figures]) -> list[str]:
     workers = loader.get("img_s_by_workers", {})
     if not workers:
         return []
-    step = _rate(stages.get("step", {}).get("rows", {}).get("bf16"))
+    step = _rate(stages.get("step", {}).get("rows", {}).get("best"))
     title = f"## The input pipeline: batch {loader.get('batch')} at {loader.get('image')} px, ImageNet-like JPEGs"
-    lines = ["", title, "", "| workers | img/s | over the harness's bf16 step |", "|---|---|---|"]
+    lines = ["", title, "", "| workers (gpu/: decoded on the device) | img/s | over the best step |", "|---|---|---|"]
     for count, rate in workers.items():
         lines.append(f"| {count} | {rate} | {f'{rate / step:.2f}x' if step else ''} |")
+    return lines
+
+
+def _train(stages: dict[str, Figures]) -> list[str]:
+    train = stages.get("train", {})
+    runs = train.get("runs", {})
+    if not runs:
+        return []
+    best = _rate(stages.get("step", {}).get("rows", {}).get("best"))
+    compiled = _rate(stages.get("step", {}).get("rows", {}).get("bare_compiled"))
+    title = f"## train.py: batch {train.get('batch')} at {train.get('image')} px, {train.get('epochs')} epochs"
+    header = "| run | img/s (median epoch but the first) | from mlperf.log | over the best step | over bare_compiled |"
+    lines = ["", title, "", header, "|---|---|---|---|---|"]
+    for name, run in runs.items():
+        if not isinstance(run, dict):
+            lines.append(f"| {name} | {run} | | | |")
+            continue
+        rate = run["img_s"]
+        over = [f"{rate / peer:.2f}x" if peer else "" for peer in (best, compiled)]
+        lines.append(f"| {name} | {rate} | {run.get('log_train_img_s')} | {over[0]} | {over[1]} |")
     return lines
 
 

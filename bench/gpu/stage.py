@@ -70,6 +70,11 @@ def timed_steps(step: Callable[[], object], warmup: int, steps: int) -> float:
     return time.perf_counter() - started
 
 
+def save(path: Path, figures: Figures) -> None:
+    """The stage's figures so far: the check reads them even from a stage stopped at its time cap."""
+    path.write_text(json.dumps(figures, indent=1))
+
+
 def main(run: Callable[[argparse.Namespace, Sizes], Figures], argv: list[str] | None = None) -> int:
     """`python -m bench.gpu.<stage> --json FILE [--tiny] [--work DIR] ...`: run the stage, write its figures;
     exit status 1 where some of its measurements failed (their names under "failed")."""
@@ -80,6 +85,6 @@ def main(run: Callable[[argparse.Namespace, Sizes], Figures], argv: list[str] | 
     args = parser.parse_args(argv)
     args.work.mkdir(parents=True, exist_ok=True)
     figures = run(args, TINY if args.tiny else FULL)
-    args.json.write_text(json.dumps(figures, indent=1))
+    save(args.json, figures)
     print(json.dumps(figures))
     return 1 if figures.get("failed") else 0

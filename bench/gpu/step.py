@@ -5,13 +5,14 @@ timed ones), with its peak GPU memory:
 
   bare           torchvision's ResNet-50, channels-last, forward under torch.autocast (bf16), loss in fp32,
                  torch.optim.SGD(fused=True, momentum 0.9): no harness code, the input a normalised float batch
-  timm           timm's resnet50 trained the same way (the GPU machine's timm; skipped where timm is missing)
-  fp32 bf16 fp16 the harness (backends.native through backends.from_config, the config's optimizer: LARS)
-                 with configs/precision/<name>.yaml, the uint8 NHWC batch normalised inside the model
-  sgd            the harness in bf16 with optim=sgd: the bare loop's optimizer
-  base, +OPTION  the harness in bf16 with every speed option of the config off, then each one on alone
+  bare_compiled  the same loop with the model through torch.compile: what any PyTorch 2 user writes, the peer of
+                 a compiled harness
+  base, +OPTION  the harness (backends.native through backends.from_config: LARS, the uint8 NHWC batch normalised
+                 inside the model) in bf16 with every speed option of the config off, then each one on alone
                  (configs.schema.SPEED_OPTIONS: the set grows as options are added)
   best           bf16 with every option that beat base on together (the e2e stage's step), and its eval rate
+  defaults       the harness as `device=cuda` gives it (bf16), where that differs from best
+  eager          the defaults without device.compile and device.cuda_graphs: the eager step, against bare
   bare_again     the bare loop once more, last: how far two timings of the same loop differ
 
 cuDNN's autotuner (torch.backends.cudnn.benchmark) is on for every row, as every GPU training script sets it.
@@ -38,14 +39,19 @@ from models.resnet import MEAN_RGB, STD_RGB
 
 CLASSES = 1000
 LABEL_SMOOTHING = 0.1
-PRECISIONS = {"fp32": "fp32", "bf16": "bf16", "fp16": "fp16.32"}  # row: configs/precision/<file>
+DEFAULTS = ["precision=bf16"]  # the harness as device=cuda gives it, in the precision the options are measured in
+EAGER = [*DEFAULTS, "device.compile=false", "device.cuda_graphs=false"]
+PEERS = {"torchvision": False, "torchvision compiled": True}  # the plain loop's rows: compiled or not
 Step = Callable[[], object]
 
 
-def plain_loop(model: torch.nn.Module, images: torch.Tensor, labels: torch.Tensor) -> Step:
-    """The step every PyTorch user writes: autocast forward, fp32 loss, backward, fused SGD."""
+def plain_loop(model: torch.nn.Module, images: torch.Tensor, labels: torch.Tensor, compiled: bool = False) -> Step:
+    """The step every PyTorch user writes: autocast forward, fp32 loss, backward, fused SGD; with `compiled`, the
+    model through torch.compile (its forward and backward compiled at the first steps)."""
     on_gpu = images.is_cuda
     model = model.to(images.device, memory_format=torch.channels_last).train()
+    if compiled:
+        model.compile()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, fused=on_gpu or None)
     mean, std = (torch.tensor(rgb, device=images.device).view(1, 3, 1, 1) for rgb in (MEAN_RGB, STD_RGB))
     inputs = ((images.permute(0, 3, 1, 2).float() - mean) / std).contiguous(memory_format=torch.channels_last)
@@ -62,12 +68,6 @@ def plain_loop(model: torch.nn.Module, images: torch.Tensor, labels: torch.Tenso
     return step
 
 
-def timm_model() -> torch.nn.Module:
-    import timm
-
-    return timm.create_model("resnet50", num_classes=CLASSES)
-
-
 def harness(overrides: list[str], sizes: stage.Sizes, images: torch.Tensor, labels: torch.Tensor) -> tuple[Step, Step]:
     """The harness's train step and eval step, built from the config as train.py builds them."""
     shape = [f"data.global_batch={sizes.batch}", f"data.image_size={sizes.image}", f"data.eval_resize={sizes.image}"]
@@ -79,9 +79,7 @@ def harness(overrides: list[str], sizes: stage.Sizes, images: torch.Tensor, labe
 
 def rows() -> dict[str, list[str] | str]:
     """Each row's harness overrides (a str names a peer loop)."""
-    table: dict[str, list[str] | str] = {"bare": "torchvision", "timm": "timm"}
-    table |= {name: [f"precision={file}"] for name, file in PRECISIONS.items()}
-    table["sgd"] = ["precision=bf16", "optim=sgd"]
+    table: dict[str, list[str] | str] = {"bare": "torchvision", "bare_compiled": "torchvision compiled"}
     off = [f"{option}=false" for option in SPEED_OPTIONS]
     table["base"] = ["precision=bf16", *off]
     table |= {f"+{option}": ["precision=bf16", *off, f"{option}=true"] for option in SPEED_OPTIONS}
@@ -103,6 +101,12 @@ def best(measured: stage.Figures) -> list[str]:
     return ["precision=bf16", *options]
 
 
+def settings(overrides: list[str], sizes: stage.Sizes) -> tuple[object, ...]:
+    """What a harness row runs: its composed device and precision settings."""
+    cfg = stage.composed([f"device={stage.device().type}", f"data.image_size={sizes.image}", *overrides])
+    return cfg.device, cfg.precision
+
+
 def measure(
     row: list[str] | str, sizes: stage.Sizes, images: torch.Tensor, labels: torch.Tensor, evaluation: bool = False
 ) -> stage.Figures:
@@ -111,10 +115,8 @@ def measure(
     if torch.cuda.is_available():
         torch.cuda.reset_peak_memory_stats()
     evaluate = None
-    if row == "torchvision":
-        step = plain_loop(torchvision.models.resnet50(num_classes=CLASSES), images, labels)
-    elif row == "timm":
-        step = plain_loop(timm_model(), images, labels)
+    if isinstance(row, str) and row in PEERS:
+        step = plain_loop(torchvision.models.resnet50(num_classes=CLASSES), images, labels, compiled=PEERS[row])
     else:
         step, evaluate = harness(row, sizes, images, labels)
     seconds = stage.timed_steps(step, sizes.warmup, sizes.steps)
@@ -154,6 +156,7 @@ def measure_row(
 
 
 def run(args: argparse.Namespace, sizes: stage.Sizes) -> stage.Figures:
+    """Every row in turn, the figures so far written after each (a stage cut short by its time cap keeps them)."""
     torch.backends.cudnn.benchmark = True
     device = stage.device()
     generator = torch.Generator().manual_seed(0)
@@ -162,19 +165,27 @@ def run(args: argparse.Namespace, sizes: stage.Sizes) -> stage.Figures:
     labels = torch.randint(0, CLASSES, (sizes.batch,), generator=generator).to(device)
     measured: stage.Figures = {}
     failed: list[str] = []
+    figures: stage.Figures = {"batch": sizes.batch, "image": sizes.image, "steps": sizes.steps, "rows": measured}
+    if not torch.cuda.is_available():
+        figures["peak_gib"] = stage.no_gpu("peak GPU memory")
+
+    def measure_and_save(name: str, row: list[str] | str) -> None:
+        measure_row(name, row, sizes, images, labels, measured, failed)
+        figures.update({"failed": failed} if failed else {})
+        stage.save(args.json, figures)
+
     table = rows()
     last = table.pop("bare_again")
     for name, row in table.items():
-        measure_row(name, row, sizes, images, labels, measured, failed)
-    fastest = best(measured)
-    measure_row("best", fastest, sizes, images, labels, measured, failed)
-    measure_row("bare_again", last, sizes, images, labels, measured, failed)
-    figures: stage.Figures = {"batch": sizes.batch, "image": sizes.image, "steps": sizes.steps, "rows": measured}
-    figures["best"] = fastest
-    if not torch.cuda.is_available():
-        figures["peak_gib"] = stage.no_gpu("peak GPU memory")
-    if failed:
-        figures["failed"] = failed
+        measure_and_save(name, row)
+    figures["best"] = best(measured)
+    measure_and_save("best", figures["best"])
+    if settings(DEFAULTS, sizes) != settings(figures["best"], sizes):
+        measure_and_save("defaults", DEFAULTS)
+    else:
+        measured["defaults"] = "the best row: device=cuda's defaults are its settings"
+    measure_and_save("eager", EAGER)
+    measure_and_save("bare_again", last)
     return figures
 
 

@@ -1,0 +1,132 @@
+"""Stage `train`: train.py itself, as a user starts it (`device=cuda`, nothing else about speed), on the photo-like
+JPEGs at 224 px: the headline figure, read from what train.py writes (metrics.csv's epoch rates, mlperf.log).
+
+Runs, each a fresh train.py process in its own output folder:
+
+  defaults      device=cuda: the config's speed defaults (configs/device/cuda.yaml, the data group's decode)
+  decode=gpu    the same with the other decode path, data.decode=gpu (or =cpu where gpu is the default)
+
+The dataset is the loader stage's photo-like set (bench.gpu.pipeline.imagenet_like) hard-linked REPEAT times under
+other names, so an epoch has 60 steps of 256 (ImageNet's has 5,004: its epoch boundaries, where the workers start
+the next epoch's batches, weigh less still). Only the batch and the image size are set for the measurement, and
+the run's length: `run.max_epochs`, an evaluation at its end on a validation set one batch long (so evaluation
+compiles no second shape), mlperf.target_accuracy=1.0 so that no run stops early, and no checkpoints (a 100 MB
+file each epoch of three seconds; a real epoch is minutes). The rate is the median of the epochs after the first
+(the first captures the CUDA graph and runs cuDNN's autotuner) from metrics.csv, the rate train.py logs and shows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from bench.gpu import stage
+from bench.gpu import step as step_stage
+from bench.gpu.pipeline import imagenet_like, measured
+from data.synthetic import CACHE_ENV
+from mlperf_logs.summarize import LOG_NAME, summarize_run
+
+REPEAT = {False: 4, True: 1}  # copies of the photo set (full, tiny)
+EPOCHS = {False: 8, True: 3}
+VARIANTS = {"defaults": [], "decode=gpu": ["data.decode=gpu"]}
+
+
+def training_set(work: Path, sizes: stage.Sizes, repeat: int) -> Path:
+    """The loader stage's photos, each hard-linked `repeat` times into train/, the validation set as it is."""
+    photos = imagenet_like(work / "photos", sizes.photos)
+    root = work / f"train-photos-x{repeat}"
+    if (root / "val").is_dir():
+        return root
+    for path in sorted((photos / "train").rglob("*.JPEG")):
+        for copy in range(repeat):
+            target = root / "train" / path.parent.name / f"r{copy}_{path.name}"
+            target.parent.mkdir(parents=True, exist_ok=True)
+            os.link(path, target)
+    shutil.copytree(photos / "val", root / "val")
+    return root
+
+
+def overrides(root: Path, sizes: stage.Sizes, epochs: int, out: Path) -> list[str]:
+    """The measurement's settings: none of them about speed."""
+    val_images = sum(1 for _ in (root / "val").rglob("*.JPEG"))
+    return [
+        f"device={stage.device().type}",
+        "experiment=imagenet",
+        f"data.root={root}",
+        f"data.global_batch={sizes.batch}",
+        f"data.image_size={sizes.image}",
+        f"data.eval_resize={max(sizes.image, 256 * sizes.image // 224)}",
+        f"data.eval_batch={val_images}",
+        f"run.max_epochs={epochs}",
+        f"mlperf.first_eval={epochs}",
+        f"mlperf.eval_every={epochs}",
+        "mlperf.target_accuracy=1.0",
+        "run.checkpoint=false",
+        "run.progress=lines",
+        f"hydra.run.dir={out}",
+    ]
+
+
+def epoch_rates(metrics: Path) -> list[float]:
+    with metrics.open() as rows:
+        return [float(row["images_per_s"]) for row in csv.DictReader(rows)]
+
+
+def steady_rate(rates: list[float]) -> float:
+    """The median epoch's rate after the first, which captures the CUDA graph and runs cuDNN's autotuner."""
+    return statistics.median(rates[1:] or rates)
+
+
+def train_run(args: argparse.Namespace, sizes: stage.Sizes, name: str, extra: list[str]) -> stage.Figures:
+    """One train.py run; its epoch rates, the median after the first, and what its MLPerf log says."""
+    root = training_set(args.work, sizes, REPEAT[args.tiny])
+    out = args.work / "train" / name.replace("=", "-")
+    shutil.rmtree(out, ignore_errors=True)
+    command = [sys.executable, "train.py", *overrides(root, sizes, EPOCHS[args.tiny], out), *extra]
+    env = {**os.environ, CACHE_ENV: str(args.work / "cache"), "PYTHONUNBUFFERED": "1"}
+    started = time.perf_counter()
+    finished = subprocess.run(command, env=env, text=True, capture_output=True, check=False)
+    print(" ".join(command[1:]), finished.stdout[-3000:], finished.stderr[-3000:], sep="\n", flush=True)
+    if finished.returncode != 0:
+        raise RuntimeError(f"train.py exited {finished.returncode}: {finished.stderr.strip().splitlines()[-1:]}")
+    rates = epoch_rates(out / "metrics.csv")
+    logged = summarize_run(out / LOG_NAME)
+    return {
+        "img_s": round(steady_rate(rates), 1),
+        "epoch_img_s": [round(rate, 1) for rate in rates],
+        "log_train_img_s": round(logged.train_img_s, 1),
+        "run_status": logged.status,
+        "wall_s": round(time.perf_counter() - started, 1),
+        "overrides": " ".join(extra) or "none",
+    }
+
+
+def run(args: argparse.Namespace, sizes: stage.Sizes) -> stage.Figures:
+    """Each variant in turn; where the defaults fail, the others run with the step stage's best settings instead,
+    so that the stage still says what train.py achieves with settings proven on this GPU."""
+    runs: stage.Figures = {}
+    failed: list[str] = []
+    fallback: list[str] = []
+    figures: stage.Figures = {"batch": sizes.batch, "image": sizes.image, "epochs": EPOCHS[args.tiny], "runs": runs}
+    for name, extra in VARIANTS.items():
+        try:
+            runs[name] = train_run(args, sizes, name, [*fallback, *extra])
+        except RuntimeError as err:  # one run's failure must not cost the others their figures
+            runs[name] = f"failed: {err}"[:400]
+            failed.append(name)
+            fallback = fallback or step_stage.best(measured(args.work, "step").get("rows", {}))
+        print(name, runs[name], flush=True)
+        figures.update({"failed": failed} if failed else {})
+        stage.save(args.json, figures)
+    return figures
+
+
+if __name__ == "__main__":
+    sys.exit(stage.main(run))
