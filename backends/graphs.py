@@ -18,6 +18,10 @@ import torch
 
 Step = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 WARMUP_STEPS = 3
+# Only this thread's CUDA calls may not break the capture: the DataLoader's pin-memory thread pins the next batches
+# while the step is captured in train.py, which the default ("global") refuses (cudaErrorStreamCaptureInvalidated,
+# the GPU check of 2026-11-27); torch.cuda.graph's docs name "thread_local" for such a thread.
+CAPTURE_ERROR_MODE = "thread_local"
 
 
 class GraphedStep:
@@ -34,7 +38,7 @@ class GraphedStep:
         torch.cuda.current_stream(device).wait_stream(side)
         restore()  # the warm-up steps' updates undone, in place: the graph keeps the tensors it captured
         self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):
+        with torch.cuda.graph(self.graph, capture_error_mode=CAPTURE_ERROR_MODE):
             self.loss = step(self.images, self.labels)
 
     def __call__(self, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:

@@ -119,8 +119,10 @@ def test_a_loader_asked_to_pin_gives_the_same_batches_with_or_without_a_gpu(tiny
 @needs_gpu
 @pytest.mark.parametrize("workers", [0, 1])
 def test_batches_for_a_gpu_arrive_on_it_copied_ahead_on_a_side_stream(tiny_tree: Path, workers: int) -> None:
-    on_host = list(make_loader(config(workers), train_split(tiny_tree), Topology(), train=True, device=CPU))
-    loader = make_loader(config(workers), train_split(tiny_tree), Topology(), train=True, device=CUDA)
+    cfg = config(workers)
+    cfg.data.global_batch = 2  # three batches of the six images: each copied while the one before is in use
+    on_host = list(make_loader(cfg, train_split(tiny_tree), Topology(), train=True, device=CPU))
+    loader = make_loader(cfg, train_split(tiny_tree), Topology(), train=True, device=CUDA)
     assert loader._loader.pin_memory  # the side stream's copies are from pinned memory, so they do not block
     on_gpu = [(images.clone(), labels.clone()) for images, labels in loader]  # clones: on the compute stream
     torch.cuda.synchronize()

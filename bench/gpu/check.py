@@ -92,7 +92,7 @@ def junit_counts(path: Path) -> Figures:
 
 STAGES = (
     bench_stage("env", 60, "bench.gpu.env"),
-    Stage("tests", 120, cuda_tests, "tests.xml", junit_counts),
+    Stage("tests", 90, cuda_tests, "tests.xml", junit_counts),
     bench_stage("smoke", 150, "bench.gpu.smoke"),
     bench_stage("step", 330, "bench.gpu.step"),
     bench_stage("train", 180, "bench.gpu.train"),

@@ -70,8 +70,7 @@ def plain_loop(model: torch.nn.Module, images: torch.Tensor, labels: torch.Tenso
 
 def harness(overrides: list[str], sizes: stage.Sizes, images: torch.Tensor, labels: torch.Tensor) -> tuple[Step, Step]:
     """The harness's train step and eval step, built from the config as train.py builds them."""
-    shape = [f"data.global_batch={sizes.batch}", f"data.image_size={sizes.image}", f"data.eval_resize={sizes.image}"]
-    cfg = stage.composed([f"device={images.device.type}", *shape, *overrides])
+    cfg = stage.composed([f"device={images.device.type}", *shape(sizes), *overrides])
     backend = backends.from_config(cfg, CLASSES, Topology())
     lr = cfg.optim.base_lr / 100  # small enough to stay finite
     return (lambda: backend.train_step(images, labels, lr)), (lambda: backend.eval_step(images, labels))
@@ -101,9 +100,14 @@ def best(measured: stage.Figures) -> list[str]:
     return ["precision=bf16", *options]
 
 
+def shape(sizes: stage.Sizes) -> list[str]:
+    """The overrides of a harness row's batch and image size."""
+    return [f"data.global_batch={sizes.batch}", f"data.image_size={sizes.image}", f"data.eval_resize={sizes.image}"]
+
+
 def settings(overrides: list[str], sizes: stage.Sizes) -> tuple[object, ...]:
     """What a harness row runs: its composed device and precision settings."""
-    cfg = stage.composed([f"device={stage.device().type}", f"data.image_size={sizes.image}", *overrides])
+    cfg = stage.composed([f"device={stage.device().type}", *shape(sizes), *overrides])
     return cfg.device, cfg.precision
 
 
@@ -160,8 +164,8 @@ def run(args: argparse.Namespace, sizes: stage.Sizes) -> stage.Figures:
     torch.backends.cudnn.benchmark = True
     device = stage.device()
     generator = torch.Generator().manual_seed(0)
-    shape = (sizes.batch, sizes.image, sizes.image, 3)
-    images = torch.randint(0, 256, shape, dtype=torch.uint8, generator=generator).to(device)
+    pixels = (sizes.batch, sizes.image, sizes.image, 3)
+    images = torch.randint(0, 256, pixels, dtype=torch.uint8, generator=generator).to(device)
     labels = torch.randint(0, CLASSES, (sizes.batch,), generator=generator).to(device)
     measured: stage.Figures = {}
     failed: list[str] = []

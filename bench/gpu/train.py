@@ -34,7 +34,7 @@ from data.synthetic import CACHE_ENV
 from mlperf_logs.summarize import LOG_NAME, summarize_run
 
 REPEAT = {False: 4, True: 1}  # copies of the photo set (full, tiny)
-EPOCHS = {False: 8, True: 3}
+EPOCHS = {False: 6, True: 3}
 VARIANTS = {"defaults": [], "decode=gpu": ["data.decode=gpu"]}
 
 
