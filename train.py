@@ -169,7 +169,7 @@ def train(cfg: Config, out_dir: Path, topology: Topology, resolved: str) -> tupl
     backend = backends.from_config(cfg, len(train_split.classes), topology)
     if cfg.device.compile:  # compiled in MLPerf's init phase, on synthetic batches, not in the timed steps
         shape = batch_shape(cfg, topology.world_size)
-        backend.compile_ahead(shape.per_rank, cfg.data.eval_batch, cfg.data.image_size, len(train_split.classes))
+        backend.compile_ahead(shape.per_rank, val_loader.batch_sizes(), cfg.data.image_size, len(train_split.classes))
     if cfg.mlperf.clock == "device":
         log.clock = backend.now  # from here on the log, and the time-to-train, are in the simulated IPUs' time
     steps_per_epoch = len(train_loader)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, Protocol
 
 import torch
@@ -51,9 +52,10 @@ class Backend(Protocol):
         """Returns the number of top-1 correct predictions in the batch."""
         ...
 
-    def compile_ahead(self, train_batch: int, eval_batch: int, image_size: int, classes: int) -> None:
-        """Run the steps once on synthetic batches of these shapes, leaving every state as it was: whatever the
-        first steps compile is compiled before the clock starts."""
+    def compile_ahead(self, train_batch: int, eval_batches: Sequence[int], image_size: int, classes: int) -> None:
+        """Run the steps once on synthetic batches of these shapes (each evaluation batch size the run will meet:
+        the full one and a last, partial one), leaving every state as it was: whatever the first steps compile is
+        compiled before the clock starts."""
         ...
 
     def now(self) -> float:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from functools import partial
 from typing import Any, Self
@@ -244,16 +244,18 @@ class NativeBackend:
         logits = self.precision.forward(self.model, images.to(self.device, non_blocking=True))
         return (logits.argmax(dim=1) == labels.to(self.device, non_blocking=True)).sum()
 
-    def compile_ahead(self, train_batch: int, eval_batch: int, image_size: int, classes: int) -> None:
+    def compile_ahead(self, train_batch: int, eval_batches: Sequence[int], image_size: int, classes: int) -> None:
         """Compile a device.compile model before the clock starts, as MLPerf's init phase may (on synthetic
-        batches: the dataset is not touched): one train and one eval step of the run's shapes, after which
+        batches: the dataset is not touched): one train step and one eval step of each evaluation batch size (a
+        last, partial batch would otherwise compile a second shape inside the timed evaluation), after which
         everything they changed is put back (weights, optimizer, BatchNorm statistics, loss scale, rounding
         stream), so the first timed step finds its code compiled and the run unchanged."""
         restore, optimizer_state = self.restorer(), copy.deepcopy(self.optimizer.state_dict())
         generator = torch.Generator().manual_seed(0)
         self.model.train()
         self.set_lr(0.0)
-        for batch, step in ((train_batch, self.update), (eval_batch, self.eval_step)):  # update: never captured
+        steps = [(train_batch, self.update)] + [(batch, self.eval_step) for batch in eval_batches]
+        for batch, step in steps:  # update: never captured
             images = torch.randint(0, 256, (batch, image_size, image_size, 3), dtype=torch.uint8, generator=generator)
             labels = torch.randint(0, classes, (batch,), generator=generator)
             step(images.to(self.device), labels.to(self.device))

@@ -272,6 +272,11 @@ class Loader:
     def __len__(self) -> int:
         return len(self._loader)
 
+    def batch_sizes(self) -> list[int]:
+        """The sizes of this rank's batches in an epoch, largest first: one for training (full batches only),
+        and for evaluation a last, smaller one where the rank's share does not fill its batches."""
+        return sorted({len(batch) for batch in self._loader.sampler}, reverse=True)
+
     def __iter__(self) -> Iterator[Batch]:
         if self.device is not None and self.device.type == "cuda" and not self.dataset.encoded:
             return sent_ahead(self._batches(), self.device)

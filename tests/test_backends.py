@@ -103,7 +103,7 @@ def own_inductor_cache(tmp_path, monkeypatch):
 def test_a_compiled_model_compiles_ahead_of_the_clock_then_trains_as_the_eager_one():
     """device.compile's mechanism on a small net (inductor's CPU code compiles it in seconds): compile_ahead
     compiles the train and eval steps on synthetic batches and leaves every state as it was; the steps after it
-    compile nothing more and train as eager does."""
+    compile nothing more (an evaluation's last, partial batch included) and train as eager does."""
     built = []
     for compiled in (False, True):
         torch.manual_seed(0)
@@ -113,13 +113,14 @@ def test_a_compiled_model_compiles_ahead_of_the_clock_then_trains_as_the_eager_o
     eager, compiled = built
     before = copy.deepcopy((compiled.state_dict(), compiled.rank_state_dict()))
     graphs = counters["stats"]["unique_graphs"]
-    compiled.compile_ahead(train_batch=8, eval_batch=8, image_size=12, classes=4)
+    compiled.compile_ahead(train_batch=8, eval_batches=[8, 3], image_size=12, classes=4)
     assert counters["stats"]["unique_graphs"] > graphs  # compiled: forward in training and in eval mode
     assert_same_state(before, (compiled.state_dict(), compiled.rank_state_dict()))
     graphs = counters["stats"]["unique_graphs"]
     losses = trained_side_by_side(built, (8, 12), classes=4)
-    correct = [int(backend.eval_step(*random_batch(8, 12, 4))) for backend in built]
-    assert counters["stats"]["unique_graphs"] == graphs  # nothing compiled once the clock would have started
+    correct = [[int(backend.eval_step(*random_batch(batch, 12, 4))) for batch in (8, 3)] for backend in built]
+    # nothing compiled once the clock would have started, for the evaluation's last, partial batch neither
+    assert counters["stats"]["unique_graphs"] == graphs
     assert_trained_alike(eager, compiled, losses)
     assert correct[0] == correct[1]
 
@@ -148,7 +149,7 @@ def test_a_compiled_resnet50_from_the_config_trains_and_evaluates_as_the_eager_o
     for compiled in ("false", "true"):
         torch.manual_seed(0)
         built.append(backends.from_config(composed(*shape, f"device.compile={compiled}"), 4, Topology()))
-    built[1].compile_ahead(train_batch=4, eval_batch=4, image_size=32, classes=4)
+    built[1].compile_ahead(train_batch=4, eval_batches=[4], image_size=32, classes=4)
     losses = trained_side_by_side(built, (4, 32), classes=4)
     assert_trained_alike(*built, losses)
     batch = random_batch(4, 32, 4)

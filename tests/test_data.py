@@ -123,8 +123,12 @@ def test_folder_index_and_loader_give_uint8_nhwc_batches(tiny_tree):
 
 
 def test_evaluation_reads_every_sample_with_a_partial_last_batch(tiny_tree):
-    batches = list(loader_for(tiny_tree, split="val", batch=3))
+    """Both batch sizes are known before the epoch (device.compile compiles each ahead); training has one."""
+    loader = loader_for(tiny_tree, split="val", batch=3)
+    batches = list(loader)
     assert [len(labels) for _, labels in batches] == [3, 1]
+    assert loader.batch_sizes() == [3, 1]
+    assert loader_for(tiny_tree, batch=4).batch_sizes() == [4]  # six images, full batches only
 
 
 def test_the_same_seed_gives_the_same_batches_in_workers_and_from_cached_bytes(tiny_tree):

@@ -161,7 +161,11 @@ def test_the_table_shows_each_row_against_the_bare_loop_and_the_loader_against_t
             "seconds": 100,
             "batch": 256,
             "image": 224,
-            "rows": {"bare": {"img_s": 4000.0, "peak_gib": 11.0}, "best": {"img_s": 2000.0}, "bare_compiled": "skipped: x"},
+            "rows": {
+                "bare": {"img_s": 4000.0, "peak_gib": 11.0},
+                "best": {"img_s": 2000.0},
+                "bare_compiled": "skip: x",
+            },
         },
         "loader": {"status": "ok", "seconds": 40, "batch": 256, "image": 224, "img_s_by_workers": {"15": 5000.0}},
         "e2e": {"status": "failed", "seconds": 3, "error": "exit status 1: CUDA error | out of memory"},
@@ -169,7 +173,7 @@ def test_the_table_shows_each_row_against_the_bare_loop_and_the_loader_against_t
     table = report.table(stages)
     assert "NVIDIA H100 80GB HBM3; torch 2.11.0+cu130" in table
     assert "| best | 2000.0 |  | 0.50x |" in table
-    assert "| bare_compiled | skipped: x |" in table
+    assert "| bare_compiled | skip: x |" in table
     assert "| 15 | 5000.0 | 2.50x |" in table
     assert "| e2e | failed | 3 | exit status 1: CUDA error / out of memory |" in table
 
