@@ -11,7 +11,7 @@ import torch
 import distributed
 from configs.schema import Config, batch_shape
 from data.datasets import dataset_size, open_dataset
-from data.loader import Crops, Loader, build_loader
+from data.loader import Crops, Loader, build_loader, workers_for_cores
 from data.sampler import ShardedSampler
 from data.split import Split
 from data.synthetic import SyntheticSpec
@@ -62,7 +62,7 @@ def make_loader(cfg: Config, split: Split, topology: Topology, *, train: bool, d
         crops,
         sampler,
         batch=batch_shape(cfg, topology.world_size).per_rank if train else data.eval_batch,
-        workers=data.workers,
+        workers=loader_workers(cfg, topology),
         pin_memory=device.type == "cuda",
         corrupt=data.corrupt,
         max_pixels=data.max_pixels,
@@ -70,6 +70,11 @@ def make_loader(cfg: Config, split: Split, topology: Topology, *, train: bool, d
         device=device,
         decode_on_device=data.decode == "gpu",
     )
+
+
+def loader_workers(cfg: Config, topology: Topology) -> int:
+    """data.workers, or where it is null, this rank's share of the machine's cores less one."""
+    return cfg.data.workers if cfg.data.workers is not None else workers_for_cores(topology.local_world_size)
 
 
 def eval_epochs(max_epochs: int, first: int, every: int) -> set[int]:

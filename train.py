@@ -41,6 +41,7 @@ import distributed
 from assemble import (
     eval_epochs,
     hyperparameters,
+    loader_workers,
     make_loader,
     make_schedule,
     open_splits,
@@ -198,6 +199,8 @@ def train(cfg: Config, out_dir: Path, topology: Topology, resolved: str) -> tupl
 def announce(cfg: Config, policy: Policy, topology: Topology) -> None:
     """The precision policy as it runs here, and the ranks."""
     say(f"precision {policy.describe()}")
+    if cfg.data.workers is None:
+        say(f"data.workers=null: {loader_workers(cfg, topology)} loader processes, this rank's cores but one")
     if policy.emulated and policy.compute == "bf16" and cfg.precision.emulate == "auto":
         say("bf16 is emulated: this CPU has no native bf16 kernels (precision.emulate=never forces them)")
     if topology.distributed:

@@ -68,7 +68,8 @@ class DataConfig:
     crop_area_min: float = 0.08  # random-resized crop: smallest fraction of the image area
     global_batch: int = 256
     eval_batch: int = 256
-    workers: int = 2  # loader processes per rank; 0 loads in the training process
+    workers: int | None = 2  # loader processes per rank; 0 loads in the training process; null: this rank's share
+    # of the machine's cores, less one for the training process (data.loader.workers_for_cores)
     corrupt: str = "skip"  # skip: replace an unreadable or corrupt file by another sample, report it once | fail
     max_pixels: int = 178_956_970  # refuse an image whose header claims more pixels (Pillow's bomb limit)
     cache_bytes: bool = False  # keep every file's bytes in memory (read once, shared by the workers)
@@ -290,7 +291,9 @@ def _validate_data(data: DataConfig, shape: BatchShape, reads_files: bool = True
         f"{data.global_batch} is not divisible by world size x dist.grad_accum = {batch_divisor}",
     )
     _positive(data.eval_batch, "data.eval_batch")
-    _require(data.workers >= 0, "data.workers", f"must be 0 or more, got {data.workers}")
+    _require(
+        data.workers is None or data.workers >= 0, "data.workers", f"must be 0 or more, or null, got {data.workers}"
+    )
     _one_of(data.format, "data.format", FORMATS)
     _one_of(data.corrupt, "data.corrupt", CORRUPT_POLICIES)
     _one_of(data.decode, "data.decode", DECODERS)

@@ -372,6 +372,15 @@ def _close_unclosed_loaders() -> None:
         loader.close()
 
 
+def workers_for_cores(local_ranks: int, usable: int | None = None, machine: int | None = None) -> int:
+    """data.workers=null: the cores this rank may use, less one for the training process. A rank may use the
+    cores its affinity allows (`usable`: what SLURM's or taskset's binding leaves it) and no more than its share
+    of the `machine`'s cores among the `local_ranks` ranks on it (torchrun's ranks all see every core)."""
+    usable = len(os.sched_getaffinity(0)) if usable is None else usable
+    machine = (os.cpu_count() or 1) if machine is None else machine
+    return max(0, min(usable, machine // local_ranks) - 1)
+
+
 def _leave_stop_signals_to_the_parent(worker_id: int) -> None:
     """Workers ignore SIGTERM, SIGINT and SIGUSR1, which SLURM, a terminal or `kill` may send to every process of
     the run: the training process decides when to stop, and shuts its workers down (torch's own SIGTERM handler

@@ -25,6 +25,7 @@ class Topology:
     master_addr: str = "127.0.0.1"  # where rank 0 (or torchrun's agent) serves the rendezvous store
     master_port: int = DEFAULT_PORT
     agent_store: bool = False  # torchrun's agent serves the store; otherwise rank 0 does
+    local_world_size: int = 1  # the ranks on this machine, which share its cores
 
     def __post_init__(self) -> None:
         if not 0 <= self.rank < self.world_size:
@@ -54,6 +55,7 @@ def from_environment(env: Mapping[str, str] = os.environ) -> Topology:
             master_addr=env.get("MASTER_ADDR", "127.0.0.1"),
             master_port=_int(env, "MASTER_PORT", DEFAULT_PORT),
             agent_store=env.get("TORCHELASTIC_USE_AGENT_STORE", "False") == "True",
+            local_world_size=_int(env, "LOCAL_WORLD_SIZE", 1),
         )
     if "SLURM_PROCID" in env and _int(env, "SLURM_NTASKS", 1) > 1:
         nodes = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")
@@ -67,6 +69,9 @@ def from_environment(env: Mapping[str, str] = os.environ) -> Topology:
             launcher="slurm",
             master_addr=env.get("MASTER_ADDR") or first_host(nodes),
             master_port=_int(env, "MASTER_PORT", job_port),
+            local_world_size=tasks_on_this_node(
+                env.get("SLURM_STEP_TASKS_PER_NODE", "1"), _int(env, "SLURM_NODEID", 0)
+            ),
         )
     return Topology()
 
@@ -79,6 +84,19 @@ def first_host(nodelist: str) -> str:
         raise LaunchError(f"cannot read the SLURM node list {nodelist!r}")
     prefix, ranges = match.groups()
     return prefix + ranges.split(",")[0].split("-")[0] if ranges else prefix
+
+
+def tasks_on_this_node(tasks_per_node: str, node: int) -> int:
+    """The count of node `node` (SLURM_NODEID) in SLURM's compressed tasks per node: "2(x3),1" is 2, 2, 2, 1."""
+    counts = []
+    for part in tasks_per_node.split(","):
+        match = re.fullmatch(r"(\d+)(?:\(x(\d+)\))?", part.strip())
+        if not match:
+            raise LaunchError(f"cannot read SLURM's tasks per node {tasks_per_node!r}")
+        counts += [int(match.group(1))] * int(match.group(2) or 1)
+    if not 0 <= node < len(counts):
+        raise LaunchError(f"SLURM_NODEID={node} is not a node of tasks per node {tasks_per_node!r}")
+    return counts[node]
 
 
 def _int(env: Mapping[str, str], key: str, default: int | None = None) -> int:

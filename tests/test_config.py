@@ -24,6 +24,7 @@ from tests.conftest import config_error, configured_dataset, run_train
         (["data.synthetic.classes=300"], "data.synthetic.classes: must be in [2, 256], got 300"),
         (["device=ipu_pod16", "device.compile=true"], "device.compile: a simulated IPU runs eager"),
         (["data.decode=nvjpeg"], "data.decode: 'nvjpeg' is not one of cpu, gpu"),
+        (["data.workers=-1"], "data.workers: must be 0 or more, or null, got -1"),
     ],
 )
 def test_a_bad_value_is_told_in_one_line_naming_the_key(overrides, message):
@@ -45,6 +46,7 @@ def test_a_bad_value_is_told_in_one_line_naming_the_key(overrides, message):
             "warmup_epochs, decay_epochs, end_lr, poly_power, label_smoothing",
         ),
         (["run.max_epochs=ten"], "run.max_epochs: expects an integer, got 'ten'"),
+        (["data.workers=many"], "data.workers: expects an integer or null, got 'many'"),
         (["run.checkpoint=maybe"], "run.checkpoint: expects true or false, got 'maybe'"),
         (["optim.base_lr=abc"], "optim.base_lr: expects a number, got 'abc'"),
         (["optim.decay_epochs=x"], "optim.decay_epochs: expects a number or null, got 'x'"),
@@ -60,7 +62,8 @@ def test_each_composition_mistake_is_told_in_one_line_with_the_closest_key(overr
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
-        (["run.max_epochs=ten"], "run.max_epochs: expects an integer, got 'ten'"),  # Hydra's, before the run
+        (["run.max_epochs=ten"], "run.max_epochs: expects an integer, got 'ten'"),
+        (["data.workers=many"], "data.workers: expects an integer or null, got 'many'"),  # Hydra's, before the run
         (["optim.base_lr=-1"], "optim.base_lr: must be a positive number, got -1.0"),  # the schema's, in the run
     ],
 )

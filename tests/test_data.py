@@ -9,15 +9,17 @@ import pytest
 import torch
 from PIL import Image
 
+from assemble import loader_workers
 from data import folder
 from data.folder import find_classes, open_split
-from data.loader import BatchDataset, Crops, Loader, build_loader
+from data.loader import BatchDataset, Crops, Loader, build_loader, workers_for_cores
 from data.sampler import ShardedSampler
 from data.split import DatasetError
 from data.transforms import centre_crop_box, random_resized_crop_box
+from distributed import Topology
 from mlperf_logs.progress import print_summary
 from tests import jpeg_samples
-from tests.conftest import run_train
+from tests.conftest import composed, run_train
 
 
 def jpeg_bytes(height: int, width: int, seed: int = 0) -> bytes:
@@ -129,6 +131,20 @@ def test_evaluation_reads_every_sample_with_a_partial_last_batch(tiny_tree):
     assert [len(labels) for _, labels in batches] == [3, 1]
     assert loader.batch_sizes() == [3, 1]
     assert loader_for(tiny_tree, batch=4).batch_sizes() == [4]  # six images, full batches only
+
+
+@pytest.mark.parametrize(
+    ("local_ranks", "usable", "machine", "workers"),
+    [
+        (1, 16, 16, 15),  # one GPU on a 16-core machine: every core but the training process's
+        (8, 16, 16, 1),  # eight torchrun ranks share the 16 cores
+        (2, 8, 16, 7),  # srun bound 8 cores to each of two tasks
+        (1, 4, 64, 3),  # taskset left 4 of 64 cores
+        (1, 1, 1, 0),  # one core: the training process loads
+    ],
+)
+def test_workers_null_gives_each_rank_its_share_of_the_cores_but_one(local_ranks, usable, machine, workers):
+    assert workers_for_cores(local_ranks, usable, machine) == workers
 
 
 def test_the_same_seed_gives_the_same_batches_in_workers_and_from_cached_bytes(tiny_tree):
@@ -255,3 +271,13 @@ def test_files_decoded_despite_libjpeg_warnings_are_counted_for_the_summary(tiny
     print_summary("success", 0.8, 1, 0.1, tiny_tree, loader.skipped, loader.warned)
     summary = capsys.readouterr().out
     assert "\n1 files decoded despite libjpeg's corrupt-data warnings (as PIL decodes them)\n" in summary
+
+
+def test_the_imagenet_recipe_gives_each_rank_its_share_of_the_cores(tmp_path, monkeypatch):
+    """experiment=imagenet leaves data.workers null: on a 16-core machine, two torchrun ranks get 7 workers each."""
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)))
+    monkeypatch.setattr(os, "cpu_count", lambda: 16)
+    cfg = composed("experiment=imagenet", f"data.root={tmp_path}")
+    assert cfg.data.workers is None
+    assert loader_workers(cfg, Topology(rank=1, world_size=2, local_rank=1, local_world_size=2)) == 7
+    assert loader_workers(composed("data.workers=3"), Topology()) == 3

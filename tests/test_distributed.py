@@ -40,8 +40,8 @@ SMOKE = ("experiment=smoke",)
 
 def test_torchrun_environment_names_the_rank():
     env = {"RANK": "3", "WORLD_SIZE": "8", "LOCAL_RANK": "1", "MASTER_ADDR": "node7", "MASTER_PORT": "1234"}
-    topology = from_environment(env | {"TORCHELASTIC_USE_AGENT_STORE": "True"})
-    assert topology == Topology(3, 8, 1, "torchrun", "node7", 1234, agent_store=True)
+    topology = from_environment(env | {"TORCHELASTIC_USE_AGENT_STORE": "True", "LOCAL_WORLD_SIZE": "4"})
+    assert topology == Topology(3, 8, 1, "torchrun", "node7", 1234, agent_store=True, local_world_size=4)
     assert not topology.is_main and topology.distributed
 
 
@@ -50,6 +50,10 @@ def test_slurm_environment_rendezvous_on_the_first_node():
     topology = from_environment(env | {"SLURM_JOB_ID": "4242"})
     assert (topology.rank, topology.world_size, topology.local_rank) == (5, 8, 1)
     assert (topology.launcher, topology.master_addr, topology.master_port) == ("slurm", "gpu07", 29500 + 4242)
+    assert topology.local_world_size == 1  # no tasks per node said: one
+    per_node = {"SLURM_STEP_TASKS_PER_NODE": "3(x2),2", "SLURM_NODEID": "2"}
+    assert from_environment(env | per_node).local_world_size == 2  # the third node's count
+    assert from_environment(env | per_node | {"SLURM_NODEID": "1"}).local_world_size == 3
     assert from_environment({"SLURM_PROCID": "0", "SLURM_NTASKS": "1"}) == Topology()  # one task: one process
     assert from_environment({**env, "RANK": "0", "WORLD_SIZE": "2"}).launcher == "torchrun"  # torchrun in SLURM
 
@@ -59,12 +63,17 @@ def test_first_host_of_a_slurm_node_list(nodes, first):
     assert first_host(nodes) == first
 
 
+SLURM_PAIR = {"SLURM_PROCID": "0", "SLURM_NTASKS": "2", "SLURM_JOB_NODELIST": "n1"}
+
+
 @pytest.mark.parametrize(
     ("env", "message"),
     [
         ({"RANK": "two", "WORLD_SIZE": "4"}, "RANK='two' is not an integer"),
         ({"RANK": "4", "WORLD_SIZE": "4"}, "rank 4 is not in [0, world size 4)"),
         ({"SLURM_PROCID": "0", "SLURM_NTASKS": "2"}, "SLURM_JOB_NODELIST is not set"),
+        (SLURM_PAIR | {"SLURM_STEP_TASKS_PER_NODE": "2(x"}, "cannot read SLURM's tasks per node '2(x'"),
+        (SLURM_PAIR | {"SLURM_STEP_TASKS_PER_NODE": "2", "SLURM_NODEID": "1"}, "SLURM_NODEID=1 is not a node of"),
     ],
 )
 def test_a_broken_launcher_environment_is_refused(env, message):
