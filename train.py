@@ -168,7 +168,9 @@ def train(cfg: Config, out_dir: Path, topology: Topology, resolved: str) -> tupl
 
     # Model, optimizer with the MLPerf parameter groups and precision policy, on the device; the schedule by step.
     backend = backends.from_config(cfg, len(train_split.classes), topology)
-    if cfg.device.compile:  # compiled in MLPerf's init phase, on synthetic batches, not in the timed steps
+    if (
+        cfg.device.compile or cfg.device.cuda_graphs
+    ):  # compiled and captured in MLPerf's init phase, not the timed steps
         shape = batch_shape(cfg, topology.world_size)
         backend.compile_ahead(shape.per_rank, val_loader.batch_sizes(), cfg.data.image_size, len(train_split.classes))
     if cfg.mlperf.clock == "device":

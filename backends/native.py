@@ -249,19 +249,31 @@ class NativeBackend:
         batches: the dataset is not touched): one train step and one eval step of each evaluation batch size (a
         last, partial batch would otherwise compile a second shape inside the timed evaluation), after which
         everything they changed is put back (weights, optimizer, BatchNorm statistics, loss scale, rounding
-        stream), so the first timed step finds its code compiled and the run unchanged."""
+        stream), so the first timed step finds its code compiled and the run unchanged. With device.cuda_graphs the
+        train step is then captured too (or the reason it cannot be said), so the first timed step replays it."""
         restore, optimizer_state = self.restorer(), copy.deepcopy(self.optimizer.state_dict())
         generator = torch.Generator().manual_seed(0)
+        synthetic = {
+            batch: self.random_batch(batch, image_size, classes, generator) for batch in (train_batch, *eval_batches)
+        }
         self.model.train()
         self.set_lr(0.0)
-        steps = [(train_batch, self.update)] + [(batch, self.eval_step) for batch in eval_batches]
-        for batch, step in steps:  # update: never captured
-            images = torch.randint(0, 256, (batch, image_size, image_size, 3), dtype=torch.uint8, generator=generator)
-            labels = torch.randint(0, classes, (batch,), generator=generator)
-            step(images.to(self.device), labels.to(self.device))
+        self.update(*synthetic[train_batch])  # never captured: a capture then would keep tensors restore replaces
+        for batch in eval_batches:
+            self.eval_step(*synthetic[batch])
         restore()
         self.load_optimizer_state(optimizer_state)  # as it was, without the momentum it had not made yet
         self.gradients.waited = Stopwatch(self.gradients.waited.device)  # the epochs' all-reduce time starts at 0
+        if self.capture:
+            self.graphed = self.captured(*synthetic[train_batch])
+
+    def random_batch(
+        self, batch: int, image_size: int, classes: int, generator: torch.Generator
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """uint8 images and their labels, drawn on the host (reproducibly), on the device."""
+        images = torch.randint(0, 256, (batch, image_size, image_size, 3), dtype=torch.uint8, generator=generator)
+        labels = torch.randint(0, classes, (batch,), generator=generator)
+        return images.to(self.device), labels.to(self.device)
 
     def now(self) -> float:
         return time.time()
@@ -279,9 +291,12 @@ class NativeBackend:
         self.precision.load_state_dict(state["precision"])
 
     def load_optimizer_state(self, state: dict[str, Any]) -> None:
-        """torch's load, whose groups' lr are the saved ones: the shared device lr is made again (set each step)."""
+        """torch's load, whose groups' lr are the saved ones: the shared device lr is made again (set each step).
+        A captured step held the tensors this replaces: it is captured again at the next step."""
         self.optimizer.load_state_dict(state)
         self.lr = self.shared_lr(self.optimizer, self.device)
+        if self.graphed is not None:
+            self.graphed, self.capture = None, True
 
     def rank_state_dict(self) -> dict[str, Any]:
         return {"running_stats": self._running_stats()}

@@ -349,6 +349,9 @@ def _validate_ipu(device: DeviceConfig, dist: DistConfig, shape: BatchShape) -> 
     if system is None:
         raise ConfigError("device", "ipu_sim needs a system: device=ipu_pod16, ipu_pod64, ...")
     _require(not device.compile, "device.compile", "a simulated IPU runs eager: compile is for device=cpu or cuda")
+    _require(
+        not device.cuda_graphs, "device.cuda_graphs", "a simulated IPU runs eager: CUDA graphs are for device=cuda"
+    )
     _require(device.replicas >= 1, "device.replicas", f"must be 1 or more, got {device.replicas}")
     _require(
         device.replicas % shape.ranks == 0,

@@ -217,6 +217,17 @@ def test_a_step_is_captured_only_where_nothing_in_it_needs_the_host(device, devi
     assert why == reason if reason is None else why.startswith(reason)
 
 
+def test_cuda_graphs_are_settled_before_the_clock_starts(capsys):
+    """train.py's compile_ahead tries the capture in the init phase: on the CPU the reason is said there, once,
+    and the first timed step neither tries again nor says it again."""
+    shape = ("data.image_size=32", "data.eval_resize=32", "data.global_batch=4", "precision=fp32")
+    backend = backends.from_config(composed(*shape, "device.cuda_graphs=true"), 4, Topology())
+    backend.compile_ahead(train_batch=4, eval_batches=[4], image_size=32, classes=4)
+    assert "device.cuda_graphs: there is no CUDA graph on cpu; the step runs eagerly" in capsys.readouterr().out
+    backend.train_step(*random_batch(4, 32, 4), lr=0.1)
+    assert capsys.readouterr().out == ""
+
+
 def test_cuda_graphs_on_the_cpu_says_why_and_trains_eagerly(capsys):
     shape = ("data.image_size=32", "data.eval_resize=32", "data.global_batch=4", "precision=fp32")
     built = []

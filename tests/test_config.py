@@ -23,6 +23,7 @@ from tests.conftest import config_error, configured_dataset, run_train
         (["mlperf.first_eval=5"], "mlperf.first_eval: must be in [1, mlperf.eval_every=1]"),
         (["data.synthetic.classes=300"], "data.synthetic.classes: must be in [2, 256], got 300"),
         (["device=ipu_pod16", "device.compile=true"], "device.compile: a simulated IPU runs eager"),
+        (["device=ipu_pod16", "device.cuda_graphs=true"], "device.cuda_graphs: a simulated IPU runs eager"),
         (["data.decode=nvjpeg"], "data.decode: 'nvjpeg' is not one of cpu, gpu"),
         (["data.workers=-1"], "data.workers: must be 0 or more, or null, got -1"),
     ],

@@ -416,10 +416,13 @@ def test_a_batch_decoded_on_cuda_is_the_batch_decoded_on_the_cpu(tiny_tree: Path
 
 @pytest.mark.cuda
 @needs_gpu
-@pytest.mark.parametrize("name", ["fp32", "bf16", "fp16.32"])
-def test_a_captured_step_trains_as_the_eager_one(name: str) -> None:
-    """The first step captures (its warm-up steps undone), every later one replays: the losses and weights of
-    eager steps, the loss scale kept on the device."""
+@pytest.mark.parametrize(
+    ("name", "ahead"), [("fp32", False), ("bf16", False), ("fp16.32", False), ("bf16", True)], ids=str
+)
+def test_a_captured_step_trains_as_the_eager_one(name: str, ahead: bool) -> None:
+    """The first step captures (its warm-up steps undone), or `compile_ahead` before the clock starts, as
+    train.py does; every later step replays: the losses and weights of eager steps, the loss scale kept on the
+    device."""
     built = []
     for cuda_graphs in (False, True):
         torch.manual_seed(0)
@@ -428,11 +431,17 @@ def test_a_captured_step_trains_as_the_eager_one(name: str) -> None:
         policy = CUDA_POLICIES[name]
         built.append(NativeBackend(model, optimizer, CUDA, label_smoothing=0.1, policy=policy, cuda_graphs=cuda_graphs))
     eager, graphed = built
+    if ahead:
+        graphed.compile_ahead(train_batch=4, eval_batches=[4], image_size=32, classes=10)
+        assert graphed.graphed is not None
     batches = [tuple(t.to(CUDA) for t in images_and_labels(step)) for step in range(4)]
     for step, batch in enumerate(batches):
         losses = [backend.train_step(*batch, lr=0.1 / (step + 1)) for backend in built]
         torch.testing.assert_close(losses[1], losses[0], rtol=1e-3, atol=1e-4, msg=f"step {step}")
     assert graphed.graphed is not None and eager.graphed is None
+    if ahead:  # a resumed run loads the optimizer's state after compile_ahead: its tensors are new, so is the graph
+        graphed.load_state_dict(graphed.state_dict())
+        assert graphed.graphed is None and graphed.capture
     assert graphed.loss_scale == eager.loss_scale and graphed.skipped_steps == eager.skipped_steps
     for ours, theirs in zip(graphed.model.state_dict().values(), eager.model.state_dict().values(), strict=True):
         if ours.is_floating_point():
