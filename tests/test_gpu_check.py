@@ -153,7 +153,7 @@ def test_end_to_end_runs_with_the_fastest_settings_measured(tmp_path: Path) -> N
     assert pipeline.fastest(tmp_path)[1:] == [*options_off, "data.workers=4", "data.decode=gpu"]
 
 
-def test_the_table_shows_each_row_against_the_bare_loop_and_the_loader_against_the_step() -> None:
+def test_the_table_shows_each_row_against_the_bare_loop_and_the_loader_and_train_py_against_the_step() -> None:
     stages = {
         "env": {"status": "ok", "seconds": 5, "gpu": "NVIDIA H100 80GB HBM3", "torch": "2.11.0+cu130"},
         "step": {
@@ -168,6 +168,10 @@ def test_the_table_shows_each_row_against_the_bare_loop_and_the_loader_against_t
             },
         },
         "loader": {"status": "ok", "seconds": 40, "batch": 256, "image": 224, "img_s_by_workers": {"15": 5000.0}},
+        "train": {
+            "status": "ok",
+            "runs": {"defaults": {"img_s": 1800.0, "log_train_img_s": 1750.0}, "decode=gpu": "failed: no nvJPEG"},
+        },
         "e2e": {"status": "failed", "seconds": 3, "error": "exit status 1: CUDA error | out of memory"},
     }
     table = report.table(stages)
@@ -175,6 +179,8 @@ def test_the_table_shows_each_row_against_the_bare_loop_and_the_loader_against_t
     assert "| best | 2000.0 |  | 0.50x |" in table
     assert "| bare_compiled | skip: x |" in table
     assert "| 15 | 5000.0 | 2.50x |" in table
+    assert "| defaults | 1800.0 | 1750.0 | 0.90x |  |" in table  # bare_compiled was skipped: no ratio
+    assert "| decode=gpu | failed: no nvJPEG |" in table
     assert "| e2e | failed | 3 | exit status 1: CUDA error / out of memory |" in table
 
 
@@ -230,7 +236,7 @@ def test_the_winners_say_which_options_beat_base_and_which_decode_path_was_faste
 
 
 def test_the_train_stage_reads_the_rate_train_py_logged_for_each_epoch(tmp_path: Path) -> None:
-    """The median epoch after the first (which captures the CUDA graph and autotunes), from metrics.csv."""
+    """The median epoch after the first (whose batches wait for the workers to start), from metrics.csv."""
     (tmp_path / "metrics.csv").write_text("epoch,images_per_s\n1,900.0\n2,5000.0\n3,5200.0\n4,4000.0\n")
     rates = gpu_train.epoch_rates(tmp_path / "metrics.csv")
     assert rates == [900.0, 5000.0, 5200.0, 4000.0]

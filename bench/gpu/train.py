@@ -3,8 +3,9 @@ JPEGs at 224 px: the headline figure, read from what train.py writes (metrics.cs
 
 Runs, each a fresh train.py process in its own output folder:
 
-  defaults      device=cuda: the config's speed defaults (configs/device/cuda.yaml, the data group's decode)
-  decode=gpu    the same with the other decode path, data.decode=gpu (or =cpu where gpu is the default)
+  defaults      device=cuda: the config's speed defaults (configs/device/cuda.yaml; experiment=imagenet's loader
+                workers, every core but one; the data group's decode, in the workers)
+  decode=gpu    the same with data.decode=gpu: the workers read the files, the GPU decodes
 
 The dataset is the loader stage's photo-like set (bench.gpu.pipeline.imagenet_like) hard-linked REPEAT times under
 other names, so an epoch has 60 steps of 256 (ImageNet's has 5,004: its epoch boundaries, where the workers start
@@ -12,7 +13,8 @@ the next epoch's batches, weigh less still). Only the batch and the image size a
 the run's length: `run.max_epochs`, an evaluation at its end on a validation set one batch long (so evaluation
 compiles no second shape), mlperf.target_accuracy=1.0 so that no run stops early, and no checkpoints (a 100 MB
 file each epoch of three seconds; a real epoch is minutes). The rate is the median of the epochs after the first
-(the first captures the CUDA graph and runs cuDNN's autotuner) from metrics.csv, the rate train.py logs and shows.
+(whose batches wait for the workers to start and fill their queues) from metrics.csv, the rate train.py logs and
+shows.
 """
 
 from __future__ import annotations
@@ -75,12 +77,13 @@ def overrides(root: Path, sizes: stage.Sizes, epochs: int, out: Path) -> list[st
 
 
 def epoch_rates(metrics: Path) -> list[float]:
+    """Each epoch's training rate as train.py wrote it into metrics.csv."""
     with metrics.open() as rows:
         return [float(row["images_per_s"]) for row in csv.DictReader(rows)]
 
 
 def steady_rate(rates: list[float]) -> float:
-    """The median epoch's rate after the first, which captures the CUDA graph and runs cuDNN's autotuner."""
+    """The median epoch's rate after the first, whose batches wait for the workers to start."""
     return statistics.median(rates[1:] or rates)
 
 
