@@ -18,7 +18,7 @@ from hydra.conf import HydraConf
 from hydra.errors import HydraException, MissingConfigException
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException, ValidationError
 
-from configs.schema import Config
+from configs.schema import Config, UnknownKey
 
 KINDS: dict[object, str] = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
 SHOWN_KEYS = 12  # a group's keys listed when no key is close to the one given
@@ -28,6 +28,8 @@ def describe(err: BaseException) -> str:
     """The one-line message for a mistake in the configuration; other errors say what they say."""
     if isinstance(err, MissingConfigException) and err.options and err.missing_cfg_file is not None:
         return unknown_option(err.missing_cfg_file, err.options)
+    if isinstance(err, UnknownKey):
+        return unknown_key(err.key)
     detail = err.__cause__ if isinstance(err, HydraException) else err
     if isinstance(detail, OmegaConfBaseException) and detail.full_key:
         return wrong_key_or_value(detail, detail.full_key)

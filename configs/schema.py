@@ -8,7 +8,7 @@ raises `ConfigError` naming the key and what is allowed.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -37,7 +37,14 @@ class ConfigError(ValueError):
         self.message = message
 
     def __reduce__(self) -> tuple[type, tuple[str, str]]:  # rank 0 sends its errors to the other ranks
-        return ConfigError, (self.key, self.message)
+        return type(self), (self.key, self.message)
+
+
+class UnknownKey(ConfigError):
+    """A key the schema does not have, added with `+key=value` (Hydra refuses the others while composing)."""
+
+    def __init__(self, key: str, message: str = "no such key") -> None:
+        super().__init__(key, message)
 
 
 @dataclass
@@ -216,6 +223,17 @@ def batch_shape(cfg: Config, world_size: int) -> BatchShape:
     return BatchShape(cfg.data.global_batch, world_size, replicas, cfg.dist.grad_accum, cfg.dist.bn_group_size)
 
 
+def _no_added_keys(section: object, prefix: str = "") -> None:
+    """Refuse a key that `+key=value` added to the schema: Hydra composes it, and OmegaConf.to_object keeps it as
+    an attribute that nothing reads."""
+    known = {item.name for item in fields(section)}  # type: ignore[arg-type]
+    for name, value in vars(section).items():
+        if name not in known:
+            raise UnknownKey(prefix + name)
+        if is_dataclass(value):
+            _no_added_keys(value, f"{prefix}{name}.")
+
+
 def _require(ok: bool, key: str, message: str) -> None:
     if not ok:
         raise ConfigError(key, message)
@@ -238,6 +256,7 @@ def _is_power_of_two_times(value: float, unit: float) -> bool:
 
 def validate(cfg: Config, world_size: int = 1) -> None:
     """Check every value a user can set; raise ConfigError for the first one that is wrong."""
+    _no_added_keys(cfg)
     _validate_model(cfg.model)
     shape = batch_shape(cfg, world_size)
     _validate_data(cfg.data, shape, reads_files=cfg.run.mode == "train")

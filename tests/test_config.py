@@ -54,6 +54,18 @@ def test_a_bad_value_is_told_in_one_line_naming_the_key(overrides, message):
         (["device.pipeline_splits=3"], "device.pipeline_splits: expects a list such as [a,b], got 3"),
         (["device=ipu_pod16", "device.system.ipus=x"], "device.system.ipus: expects an integer, got 'x'"),
         (["experiment=smok"], "experiment=smok: no such option; did you mean experiment=smoke?"),
+        (
+            ["+optim.zzz=1"],
+            "optim.zzz: no such key; the keys of optim are name, base_lr, momentum, weight_decay, eta, "
+            "warmup_epochs, decay_epochs, end_lr, poly_power, label_smoothing",
+        ),
+        (["+optim.base_lrr=4"], "optim.base_lrr: no such key; did you mean optim.base_lr?"),
+        (["+run.seeed=3"], "run.seeed: no such key; did you mean run.seed?"),
+        (
+            ["+zzz=1"],
+            "zzz: no such key; the keys of the configuration are model, data, optim, precision, device, "
+            "dist, mlperf, run, hydra",
+        ),
     ],
 )
 def test_each_composition_mistake_is_told_in_one_line_with_the_closest_key(overrides, message):
