@@ -23,6 +23,7 @@ from __future__ import annotations
 import gc
 import math
 import os
+import shutil
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -83,7 +84,19 @@ def main(raw: DictConfig) -> float | None:
     except USER_ERRORS as err:
         if HydraConfig.get().mode == RunMode.MULTIRUN:
             raise  # a failed job of a sweep: its sweeper decides (Optuna's marks the trial failed, goes on)
+        forget_refused_run(Path(HydraConfig.get().runtime.output_dir))
         exit_in_one_line(err)  # here: raised on, it would get a line of Hydra's own before it
+
+
+def forget_refused_run(directory: Path) -> None:
+    """A run refused before it started leaves no folder: the one Hydra made for it holds only Hydra's .hydra/ and
+    an empty train.log. A folder with anything more (an earlier run's) stays as it is."""
+    if not directory.is_dir():  # ranks but the first may have none
+        return
+    log = directory / "train.log"
+    made_for_this_run = {path.name for path in directory.iterdir()} <= {".hydra", "train.log"}
+    if made_for_this_run and (not log.exists() or log.stat().st_size == 0):
+        shutil.rmtree(directory, ignore_errors=True)
 
 
 def exit_in_one_line(err: BaseException) -> NoReturn:

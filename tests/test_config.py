@@ -75,15 +75,22 @@ def test_each_composition_mistake_is_told_in_one_line_with_the_closest_key(overr
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
-        (["run.max_epochs=ten"], "run.max_epochs: expects an integer, got 'ten'"),
-        (["data.workers=many"], "data.workers: expects an integer or null, got 'many'"),  # Hydra's, before the run
+        (["run.max_epochs=ten"], "run.max_epochs: expects an integer, got 'ten'"),  # Hydra's, before the run
         (["optim.base_lr=-1"], "optim.base_lr: must be a positive number, got -1.0"),  # the schema's, in the run
     ],
 )
-def test_train_py_tells_a_mistake_in_one_line_and_exits_2(overrides, message, tmp_path):
-    result = run_train(*overrides, f"hydra.run.dir={tmp_path}", cache=tmp_path)
+def test_train_py_tells_a_mistake_in_one_line_and_exits_2_leaving_no_folder(overrides, message, tmp_path):
+    result = run_train(*overrides, f"hydra.run.dir={tmp_path / 'run'}", cache=tmp_path / "cache")
     assert result.returncode == 2, result.stderr
     assert result.stderr == f"error: {message}\n"
+    assert not (tmp_path / "run").exists()  # Hydra made it for the run; refused, the run leaves nothing
+
+
+def test_a_refused_run_leaves_an_earlier_runs_folder_as_it_was(tmp_path):
+    (tmp_path / "mlperf.log").write_text(":::MLLOG {}\n")
+    result = run_train("optim.base_lr=-1", f"hydra.run.dir={tmp_path}", cache=tmp_path / "cache")
+    assert result.returncode == 2
+    assert (tmp_path / "mlperf.log").read_text() == ":::MLLOG {}\n"
 
 
 def test_open_division_accepts_the_weight_decay_closed_refuses():
