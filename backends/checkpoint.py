@@ -148,7 +148,8 @@ def _not_a_checkpoint(path: Path) -> CheckpointError:
     """The error for a file that torch cannot read back, or that this harness did not write: what to do about it,
     and none of torch's advice (loading with weights_only=False would run whatever the file holds)."""
     return CheckpointError(
-        f"{path} is damaged or not a checkpoint of this harness: remove it, or give a new hydra.run.dir"
+        f"{path} is damaged or not a checkpoint of this harness: the run cannot continue; start it again with a new "
+        "hydra.run.dir"
     )
 
 

@@ -9,7 +9,9 @@ from backends import checkpoint
 from backends.checkpoint import CheckpointError
 from tests.conftest import TINY_RUN, run_train
 
-ADVICE = "is damaged or not a checkpoint of this harness: remove it, or give a new hydra.run.dir"
+ADVICE = (
+    "is damaged or not a checkpoint of this harness: the run cannot continue; start it again with a new hydra.run.dir"
+)
 
 
 @pytest.mark.parametrize(
@@ -41,3 +43,5 @@ def test_train_py_refuses_a_garbage_checkpoint_in_one_line_with_exit_status_2(ca
     (message,) = result.stderr.splitlines()  # one line: no traceback, no line of Hydra's
     assert message == f"error: {tmp_path / 'checkpoint.pt'} {ADVICE}"
     assert {path: path.read_bytes() for path in before} == before
+    again = run_train(*TINY_RUN, "run.resume=auto", f"hydra.run.dir={tmp_path / 'again'}", cache=cache_dir)
+    assert again.returncode == 0, again.stderr  # the advice works: the run starts again there
