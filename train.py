@@ -107,6 +107,7 @@ def exit_in_one_line(err: BaseException) -> NoReturn:
 
 def run(raw: DictConfig) -> float | None:
     topology = distributed.from_environment()
+    refuse_a_launcher_without_a_sweep()
     cfg = OmegaConf.to_object(raw)
     assert isinstance(cfg, Config)  # the schema is the base of every composed config (register)
     validate(cfg, topology.world_size)
@@ -122,6 +123,14 @@ def run(raw: DictConfig) -> float | None:
                 status, minutes = train(cfg, out_dir, topology, resolved=OmegaConf.to_yaml(raw, resolve=True))
             return sweep_objective(status, minutes)
     return None
+
+
+def refuse_a_launcher_without_a_sweep() -> None:
+    """A launcher is for the jobs of a sweep: without -m, Hydra would run here and ignore it."""
+    hydra_cfg = HydraConfig.get()
+    launcher = hydra_cfg.runtime.choices.get("hydra/launcher")
+    if hydra_cfg.mode == RunMode.RUN and launcher not in (None, "basic"):
+        raise ConfigError("hydra/launcher", f"{launcher} launches the jobs of a sweep: add -m (python train.py -m ...)")
 
 
 def sweep_objective(status: str, minutes: float) -> float | None:

@@ -21,6 +21,7 @@ import shlex
 import signal
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -31,7 +32,7 @@ from hydra_plugins.hydra_submitit_launcher.submitit_launcher import SlurmLaunche
 from omegaconf import DictConfig
 
 from distributed.stop import StopRequested
-from distributed.topology import QUIET_HYDRA, from_environment
+from distributed.topology import QUIET_HYDRA, LaunchError, from_environment
 
 REPO = Path(__file__).resolve().parent.parent  # this file is in its hydra_plugins/, where Hydra looks for launchers
 RESUME = "run.resume=auto"
@@ -73,6 +74,21 @@ class SlurmLauncher(SubmititSlurmLauncher):
 
     def setup(self, *, hydra_context: Any, task_function: TaskFunction, config: DictConfig) -> None:
         super().setup(hydra_context=hydra_context, task_function=ScriptTask.of(task_function), config=config)
+
+    def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
+        """The stock launch; a cluster that cannot take the jobs (no sbatch here, its controller out of reach) is
+        told in one line, sbatch's last, in place of submitit's traceback."""
+        from submitit.core.utils import FailedJobError, FailedSubmissionError
+
+        try:
+            return super().launch(job_overrides, initial_job_idx)
+        except FileNotFoundError as err:
+            raise LaunchError(
+                f"hydra/launcher=slurm: {err.filename or 'sbatch'} is not on this machine's PATH"
+            ) from err
+        except (FailedJobError, FailedSubmissionError) as err:
+            said = [line.strip() for line in str(err).splitlines() if line.strip()] or ["no reason given"]
+            raise LaunchError(f"hydra/launcher=slurm: sbatch could not submit the jobs: {said[-1]}") from err
 
     def __call__(
         self,

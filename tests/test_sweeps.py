@@ -4,6 +4,7 @@ launcher config (the SLURM jobs themselves: tests/slurm)."""
 from __future__ import annotations
 
 import math
+import shutil
 
 import pytest
 import yaml
@@ -61,6 +62,29 @@ def test_an_optuna_sweep_whose_trials_all_miss_the_target_ends_with_a_message(ca
     )
     assert "Traceback" not in sweep.stderr
     assert not (tmp_path / "optimization_results.yaml").exists()
+
+
+def test_a_launcher_without_a_sweep_is_told_in_one_line(tmp_path):
+    """Without -m, Hydra runs the job here and would ignore hydra/launcher=slurm."""
+    result = run_train("hydra/launcher=slurm", f"hydra.run.dir={tmp_path / 'run'}", cache=tmp_path / "cache")
+    assert result.returncode == 2
+    assert (
+        result.stderr == "error: hydra/launcher: slurm launches the jobs of a sweep: add -m (python train.py -m ...)\n"
+    )
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.skipif(shutil.which("sbatch") is None, reason="needs SLURM's sbatch (tests/slurm/local_cluster.sh can)")
+def test_a_slurm_that_cannot_take_the_jobs_is_told_in_one_line(tmp_path):
+    """The real sbatch on a machine with no cluster to reach (an empty slurm.conf, as a machine that SLURM was
+    installed on but never configured): sbatch's own lines, then ours, in place of submitit's traceback."""
+    (tmp_path / "slurm.conf").write_text("")
+    overrides = ("-m", "hydra/launcher=slurm", f"hydra.sweep.dir={tmp_path / 'sweep'}")
+    result = run_train(*overrides, cache=tmp_path / "cache", env={"SLURM_CONF": str(tmp_path / "slurm.conf")})
+    assert result.returncode == 2, result.stderr
+    last = result.stderr.splitlines()[-1]
+    assert last.startswith("error: hydra/launcher=slurm: sbatch could not submit the jobs: sbatch: ")
+    assert "Traceback" not in result.stderr
 
 
 def test_the_slurm_launcher_config_composes_into_submitits_slurm_launcher():
