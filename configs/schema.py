@@ -113,7 +113,7 @@ class DeviceConfig:
     pad_input_channels: bool = False  # the first convolution over 4 channels, a zero one added (cuDNN's fp16)
     cuda_graphs: bool = False  # the train step captured once in a CUDA graph and replayed (where it can be)
     system: System | None = None  # ipu_sim: the simulated IPU system (configs/device/<system>.yaml)
-    # ipu_sim only: how a run is laid out on the system (Graphcore's PopTorch names in ../shared/reference/ipu.md)
+    # ipu_sim only: how a run is laid out on the system (the names of Graphcore's PopTorch documentation)
     replicas: int = 1  # data-parallel copies of the model, over all ranks (each rank runs its share)
     pipeline_splits: list[str] = field(default_factory=list)  # module names that begin pipeline stages 2, 3, ...
     device_iterations: int | None = None  # weight updates per host round trip; None: 5 round trips an epoch, as

@@ -59,12 +59,21 @@ def test_a_stage_that_fails_or_hangs_is_recorded_and_the_next_one_runs(tmp_path:
     assert results["hangs"]["error"].startswith("timed out after 1 s")
     assert results["fine"] == {"img_s": 123.4, "status": "ok", "seconds": results["fine"]["seconds"]}
     written = json.loads((tmp_path / "out" / "gpu.json").read_text())
-    assert written == {"stages": results, "winners": {}}
+    assert written == json.loads(check.relative(json.dumps({"stages": results, "winners": {}})))
     assert list(written["stages"]) == ["setup", "broken", "hangs", "fine"]
     table = (tmp_path / "out" / "gpu.md").read_text()
     assert "| broken | failed |" in table and "no kernel image for this GPU" in table
     logs = sorted(path.name for path in (tmp_path / "out").glob("*.log"))
     assert logs == ["broken.log", "fine.log", "hangs.log"]
+
+
+def test_the_records_name_no_folder_of_the_machine(tmp_path: Path, no_setup: None) -> None:
+    failing = f"raise SystemExit('{REPO}/bench/gpu/step.py: no kernel image')"
+    args = check.parse_args(["--out", str(tmp_path / "out"), "--work", str(tmp_path / "work")])
+    check.check(args, (python_stage("step", failing),))
+    for name in ("gpu.json", "gpu.md"):
+        written = (tmp_path / "out" / name).read_text()
+        assert "bench/gpu/step.py: no kernel image" in written and str(REPO) not in written, name
 
 
 def test_stages_past_the_budget_are_skipped_with_the_reason(tmp_path: Path, no_setup: None) -> None:

@@ -1,8 +1,8 @@
 """Fit the cost model's free constants to Graphcore's MLPerf Training v1.1 IPU-POD16, POD64 and POD128 results.
 
-The in-sample systems are the three in ../shared/reference/ipu.md; their result logs (mlcommons/training_results_v1.1,
-Graphcore/results/ipu-pod{16,64,128}-TF1/resnet/result_0..4.txt) time every epoch and evaluation. Fitted, in closed
-form or by bisection, each to what only it explains:
+The in-sample systems are Graphcore's v1.1 IPU-POD16, POD64 and POD128; their result logs
+(mlcommons/training_results_v1.1, Graphcore/results/ipu-pod{16,64,128}-TF1/resnet/result_0..4.txt) time every epoch
+and evaluation. Fitted, in closed form or by bisection, each to what only it explains:
   compute_efficiency  <- POD16's steady epoch (10 micro-batches per update) against POD64's (3): the per-micro-batch
   update_overhead_s   <- cost and the per-update cost; every other term of the step is modelled or assumed
   gateway_efficiency  <- POD128's steady epoch: the only in-sample system that spans POD64s

@@ -200,13 +200,19 @@ def earlier(work: Path) -> dict[str, Figures]:
 
 
 def write(stages: dict[str, Figures], out: Path, work: Path) -> None:
-    """gpu.json and gpu.md into OUT, gpu.json into WORK too (for a later --stages to add to)."""
+    """gpu.json and gpu.md into OUT, gpu.json into WORK too (for a later --stages to add to); the repository's
+    paths relative to it, so that no record names the machine's folders."""
     from bench.gpu.report import table, winners
 
     text = json.dumps({"stages": stages, "winners": winners(stages)}, indent=1)
-    (out / "gpu.json").write_text(text)
+    (out / "gpu.json").write_text(relative(text))
     (work / "gpu.json").write_text(text)
-    (out / "gpu.md").write_text(table(stages))
+    (out / "gpu.md").write_text(relative(table(stages)))
+
+
+def relative(text: str) -> str:
+    """`text` with the repository's absolute paths made relative to it."""
+    return text.replace(f"{REPO}/", "")
 
 
 def _importable(name: str) -> bool:
