@@ -3,13 +3,14 @@ what the MLPerf log says of them. train.py and benchmark.py share them here, sin
 
 from __future__ import annotations
 
+import math
 import random
 
 import numpy as np
 import torch
 
 import distributed
-from configs.schema import Config, batch_shape
+from configs.schema import Config, ConfigError, batch_shape
 from data.datasets import dataset_size, open_dataset
 from data.loader import Crops, Loader, build_loader, workers_for_cores
 from data.sampler import ShardedSampler
@@ -46,8 +47,11 @@ def open_splits(cfg: Config, topology: Topology) -> tuple[Split, Split]:
 
 def make_loader(cfg: Config, split: Split, topology: Topology, *, train: bool, device: torch.device) -> Loader:
     """The training loader (this rank's share of each global batch, shuffled) or the evaluation one, for batches
-    bound to `device` (pinned for a GPU)."""
+    bound to `device` (pinned for a GPU). A training set too small for one global batch is refused: its epochs
+    would have no step."""
     data = cfg.data
+    if train and len(split) < data.global_batch:
+        raise ConfigError("data.global_batch", too_few_images(len(split), data.global_batch, cfg, topology))
     crops = Crops(train=train, size=data.image_size, area_min=data.crop_area_min, eval_resize=data.eval_resize)
     sampler = ShardedSampler(
         len(split),
@@ -70,6 +74,15 @@ def make_loader(cfg: Config, split: Split, topology: Topology, *, train: bool, d
         device=device,
         decode_on_device=data.decode == "gpu",
     )
+
+
+def too_few_images(images: int, global_batch: int, cfg: Config, topology: Topology) -> str:
+    """What to say of a training set of `images` smaller than a `global_batch`: the largest batch that fits it, a
+    power of two times what the batch must divide into (ranks x gradient accumulation)."""
+    divisor = topology.world_size * cfg.dist.grad_accum
+    fits = divisor * 2 ** int(math.log2(images // divisor)) if images >= divisor else None
+    advice = f"give data.global_batch={fits} (or fewer)" if fits else f"the set needs at least {divisor} images"
+    return f"{global_batch} is more than the {images} training images: an epoch would have no step; {advice}"
 
 
 def loader_workers(cfg: Config, topology: Topology) -> int:

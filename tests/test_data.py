@@ -9,7 +9,8 @@ import pytest
 import torch
 from PIL import Image
 
-from assemble import loader_workers
+from assemble import loader_workers, make_loader, too_few_images
+from configs.schema import ConfigError
 from data import folder
 from data.folder import find_classes, open_split
 from data.loader import BatchDataset, Crops, Loader, build_loader, workers_for_cores
@@ -281,3 +282,35 @@ def test_the_imagenet_recipe_gives_each_rank_its_share_of_the_cores(tmp_path, mo
     assert cfg.data.workers is None
     assert loader_workers(cfg, Topology(rank=1, world_size=2, local_rank=1, local_world_size=2)) == 7
     assert loader_workers(composed("data.workers=3"), Topology()) == 3
+
+
+def test_a_training_set_smaller_than_a_batch_is_refused_with_the_batch_that_fits(tiny_tree):
+    """experiment=imagenet's batch of 3264 on six images: no epoch would have a step (it used to end in a traceback
+    from torch.stack of no losses); the line names the override that fits, a power of two."""
+    cfg = composed("experiment=imagenet", f"data.root={tiny_tree}", "data.workers=0")
+    train = open_split(tiny_tree / "train", find_classes(tiny_tree / "train"))
+    with pytest.raises(ConfigError) as refused:
+        make_loader(cfg, train, Topology(), train=True, device=torch.device("cpu"))
+    assert str(refused.value) == (
+        "data.global_batch: 3264 is more than the 6 training images: an epoch would have no step; "
+        "give data.global_batch=4 (or fewer)"
+    )
+    four_ranks = too_few_images(6, 3264, cfg, Topology(rank=0, world_size=4))
+    assert four_ranks.endswith("give data.global_batch=4 (or fewer)")  # divisible by the 4 ranks
+    assert too_few_images(3, 3264, cfg, Topology(rank=0, world_size=4)).endswith("the set needs at least 4 images")
+
+
+def test_your_own_images_train_to_the_end_with_the_documented_command(tmp_path):
+    """docs/data.md's "Your own images": a folder of 3 classes, 60 training and 24 validation images, with
+    experiment=smoke's small, fast recipe (two of its epochs here)."""
+    for split, count in (("train", 20), ("val", 8)):
+        for wnid in ("cats", "dogs", "owls"):
+            folder = tmp_path / "images" / split / wnid
+            folder.mkdir(parents=True)
+            for i in range(count):
+                (folder / f"{i}.jpg").write_bytes(jpeg_bytes(120 + i, 160, seed=i))
+    own = ("experiment=smoke", "data=imagenet", f"data.root={tmp_path / 'images'}", "run.max_epochs=2")
+    result = run_train(*own, f"hydra.run.dir={tmp_path / 'run'}", cache=tmp_path / "cache")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "dataset: torchvision layout" in result.stdout and "60 training images in 3 classes" in result.stdout
+    assert "run_stop status aborted: 2 epochs" in result.stdout  # its 2 epochs trained: no target on random pixels
