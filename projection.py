@@ -20,8 +20,11 @@ def project(cfg: Config, out_dir: Path | None) -> None:
     plan = simulator.plan(cfg, simulator.build_model(cfg, classes))
     mlperf = cfg.mlperf
     schedule = simulator.Schedule(cfg.run.max_epochs, train_images, eval_images, mlperf.eval_every, mlperf.first_eval)
-    text = simulator.project(plan, simulator.system_of(cfg), schedule)
+    report, figures = simulator.project(plan, simulator.system_of(cfg), schedule).rsplit("\n", 1)
+    if out_dir is not None:  # named before the figures, which stay the last line
+        report += f"\noutputs: {out_dir} (projection.txt: all of this; projection.json: the last line)"
+    text = f"{report}\n{figures}"
     print(text, flush=True)
     if out_dir is not None:
         (out_dir / "projection.txt").write_text(text + "\n")
-        (out_dir / "projection.json").write_text(text.rsplit("\n", 1)[-1] + "\n")
+        (out_dir / "projection.json").write_text(figures + "\n")

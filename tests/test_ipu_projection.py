@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import time
 
 import pytest
@@ -57,6 +58,12 @@ def test_a_pod256_recipe_is_projected_with_its_ranges_from_the_command_line(cach
     assert "bow_pod256: 256 bow IPUs, 16 hosts, 2048 host cores" in stdout
     assert "all-reduce across POD64s (gateways)" in stdout
     assert f"most sensitive to {figures['most_sensitive']} = " in stdout
+    first, *_, named, _ = stdout.splitlines()
+    answer = re.fullmatch(r"projected time to train \(45 epochs\): (\S+) min \((\S+) to (\S+)\) at .+", first)
+    assert answer, first  # the answer first, with its range
+    expected = [figures["time_to_train_min"], *figures["time_to_train_min_range"]]
+    assert [float(value) for value in answer.groups()] == pytest.approx(expected, abs=0.006)
+    assert named == f"outputs: {tmp_path} (projection.txt: all of this; projection.json: the last line)"
 
 
 @pytest.mark.slow  # tests/test_ipu_cost.py and test_ipu_memory.py check the model and the plan

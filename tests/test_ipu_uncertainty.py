@@ -9,7 +9,7 @@ import pytest
 
 from backends.ipu_sim import calibrate
 from backends.ipu_sim.cost import Constants
-from backends.ipu_sim.uncertainty import ASSUMPTIONS, Assumption, corners
+from backends.ipu_sim.uncertainty import ASSUMPTIONS, Assumption, corners, headline
 from tests.systems import resnet50_profile, system
 
 refit = calibrate.refitter(resnet50_profile(), calibrate.in_sample_systems())
@@ -77,3 +77,15 @@ def test_a_wider_assumption_widens_the_interval_and_becomes_the_most_sensitive()
     assert wide.time_to_train_min[1] > narrow.time_to_train_min[1]
     assert wide.most_sensitive == "gateway_growth"
     assert scaled("ipu_pod64") == scaled("ipu_pod64", assumptions=wider)  # no gateway within one POD64
+
+
+def test_the_headline_gives_the_answer_with_its_range_or_says_why_it_has_none():
+    spread = scaled("ipu_pod64")
+    said = headline(spread, epochs=41)
+    low, high = spread.time_to_train_min
+    assert said.startswith(f"projected time to train (41 epochs): {spread.central.time_to_train_min:.2f} min")
+    assert f"({low:.2f} to {high:.2f})" in said and f"of which {spread.most_sensitive} moves it most" in said
+    fitted = dataclasses.replace(spread, most_sensitive=None, time_to_train_min=(low, low))  # a zero-width range
+    assert headline(fitted, epochs=41).endswith(
+        "no range: the constants are fitted to this very layout, so no assumption moves it"
+    )

@@ -139,13 +139,14 @@ def report(
     epochs: int,
     beyond: list[str],
 ) -> str:
-    """The system, the memory table, the cost model's report and its ranges, where it extrapolates, and last one
-    JSON line of figures."""
+    """The projected time to train and throughput first, then the system, the memory table, the cost model's
+    report and its ranges, where it extrapolates, and last one JSON line of figures."""
     memory = {"ipu_memory_mb": [round(row.total_mb, 1) for row in planned.memory.rows], "fits": planned.memory.fits}
     reach = "within the calibrated regime" if not beyond else "beyond the calibrated regime: " + "; ".join(beyond)
     hosts = f"{system.hosts} hosts, {system.host_cores} host cores"
     return "\n".join(
         [
+            uncertainty.headline(spread, epochs) + "\n",
             f"{system.name}: {system.ipus} {system.chip.name} IPUs, {hosts}",
             f"{planned.memory.table()}\n{planned.memory.suggestion()}\n",
             cost.report(spread.central, shape, len(planned.profile.stages), epochs),

@@ -176,6 +176,23 @@ def describe(name: str, assumption: Assumption, value: float) -> str:
     return f"{name} = {scale * value:g}{unit} ({scale * assumption.low:g} to {scale * assumption.high:g}{unit})"
 
 
+def headline(interval: Interval, epochs: int) -> str:
+    """The answer first, for a reader new to IPUs: time to train and throughput, each with its range and what the
+    range comes from (docs/ipu_sim.md explains the terms of the breakdown below it)."""
+    ttt, rate = interval.central.time_to_train_min, interval.central.throughput_img_s
+    (low, high), (slow, fast) = interval.time_to_train_min, interval.throughput_img_s
+    if interval.most_sensitive is None:
+        return (
+            f"projected time to train ({epochs} epochs): {ttt:.2f} min at {rate:,.0f} img/s; no range: the constants"
+            " are fitted to this very layout, so no assumption moves it"
+        )
+    return (
+        f"projected time to train ({epochs} epochs): {ttt:.2f} min ({low:.2f} to {high:.2f}) at {rate:,.0f} img/s"
+        f" ({slow:,.0f} to {fast:,.0f}); the ranges span the assumed constants, of which {interval.most_sensitive}"
+        " moves it most"
+    )
+
+
 def report(interval: Interval, central: Constants, assumptions: Mapping[str, Assumption] = ASSUMPTIONS) -> str:
     """The ranges, as run.mode=project prints them under the central projection."""
     name, (low, high) = interval.most_sensitive, interval.sensitive_time_to_train_min
