@@ -12,6 +12,7 @@ import distributed
 from assemble import dataset_shape, seed_everything
 from configs.schema import Config, batch_shape
 from distributed import Topology
+from models import random_batch
 
 
 def benchmark(cfg: Config, topology: Topology) -> None:
@@ -21,8 +22,7 @@ def benchmark(cfg: Config, topology: Topology) -> None:
     backend = backends.from_config(cfg, classes, topology)
     device, policy = backend.device, backend.policy
     batch, size = batch_shape(cfg, topology.world_size).per_rank, cfg.data.image_size
-    images = torch.randint(0, 256, (batch, size, size, 3), dtype=torch.uint8)
-    labels = torch.randint(0, classes, (batch,))
+    images, labels = random_batch(batch, size, classes)
     lr = cfg.optim.base_lr / 100  # small enough to stay finite however long it runs
     float(backend.train_step(images, labels, lr))  # warm-up: allocations, kernel selection
     started = time.perf_counter()

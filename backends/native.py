@@ -21,7 +21,7 @@ from distributed import Topology
 from distributed.allreduce import GradientBuckets, Stopwatch
 from distributed.batchnorm import DistributedBatchNorm2d
 from distributed.group import average_over_ranks, broadcast_from_main
-from models import batchnorm, build_resnet50
+from models import batchnorm, build_resnet50, random_batch
 from models.loss import smoothed_cross_entropy
 from models.resnet import NormLayer
 from optim import build_optimizer
@@ -254,7 +254,8 @@ class NativeBackend:
         restore, optimizer_state = self.restorer(), copy.deepcopy(self.optimizer.state_dict())
         generator = torch.Generator().manual_seed(0)
         synthetic = {
-            batch: self.random_batch(batch, image_size, classes, generator) for batch in (train_batch, *eval_batches)
+            batch: tuple(t.to(self.device) for t in random_batch(batch, image_size, classes, generator))
+            for batch in (train_batch, *eval_batches)
         }
         self.model.train()
         self.set_lr(0.0)
@@ -266,14 +267,6 @@ class NativeBackend:
         self.gradients.waited = Stopwatch(self.gradients.waited.device)  # the epochs' all-reduce time starts at 0
         if self.capture:
             self.graphed = self.captured(*synthetic[train_batch])
-
-    def random_batch(
-        self, batch: int, image_size: int, classes: int, generator: torch.Generator
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """uint8 images and their labels, drawn on the host (reproducibly), on the device."""
-        images = torch.randint(0, 256, (batch, image_size, image_size, 3), dtype=torch.uint8, generator=generator)
-        labels = torch.randint(0, classes, (batch,), generator=generator)
-        return images.to(self.device), labels.to(self.device)
 
     def now(self) -> float:
         return time.time()

@@ -57,6 +57,7 @@ from torch.profiler import ProfilerActivity, profile
 from bench.gpu import stage
 from bench.gpu.step import CLASSES, EAGER, harness, plain_loop
 from configs.schema import SPEED_OPTIONS
+from models import random_batch
 
 MEMORY = "[memory]"  # the profiler's name for an allocation (positive bytes) or a free (negative)
 OUTSIDE = "(no aten op)"
@@ -214,11 +215,13 @@ def side_by_side(title: str, rows: list[list[tuple[str, str]]], width: int = 44)
 def table(traces: dict[str, Trace], top: int) -> None:
     ours, theirs = traces["harness"], traces["plain"]
     print(f"{'per step':<16} {'harness':>14} {'plain':>14} {'harness/plain':>14}")
-    for label, key, show in (("op calls", "ops", calls), ("allocated", "bytes", megabytes)):
+    for label, key, show in (
+        ("op calls", "ops", calls),
+        ("allocated", "bytes", megabytes),
+        ("cast bytes", "cast_bytes", megabytes),
+    ):
         a, b = getattr(ours, key), getattr(theirs, key)
         print(f"{label:<16} {show(a):>14} {show(b):>14} {ratio(a, b):>13.3f}x")
-    a, b = ours.cast_bytes, theirs.cast_bytes
-    print(f"{'cast bytes':<16} {megabytes(a):>14} {megabytes(b):>14} {ratio(a, b):>13.3f}x")
     for title, key, show in (("calls", "calls", calls), ("bytes allocated", "allocated", megabytes)):
         columns = [[(n, show(v)) for n, v in getattr(t, key).most_common(top)] for t in (ours, theirs)]
         side_by_side(f"top ops by {title} per step", columns)
@@ -237,9 +240,7 @@ def table(traces: dict[str, Trace], top: int) -> None:
 def run(args: argparse.Namespace) -> dict[str, object]:
     if args.threads:
         torch.set_num_threads(args.threads)
-    generator = torch.Generator().manual_seed(0)
-    images = torch.randint(0, 256, (args.batch, args.image, args.image, 3), dtype=torch.uint8, generator=generator)
-    labels = torch.randint(0, CLASSES, (args.batch,), generator=generator)
+    images, labels = random_batch(args.batch, args.image, CLASSES, torch.Generator().manual_seed(0))
     overrides = harness_overrides(args.defaults, args.overrides)
     sizes = stage.Sizes(batch=args.batch, image=args.image, warmup=args.warmup, steps=args.steps, photos=0, workers=())
     torch.manual_seed(0)

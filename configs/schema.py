@@ -223,14 +223,14 @@ def batch_shape(cfg: Config, world_size: int) -> BatchShape:
     return BatchShape(cfg.data.global_batch, world_size, replicas, cfg.dist.grad_accum, cfg.dist.bn_group_size)
 
 
-def _no_added_keys(section: object, prefix: str = "") -> None:
+def _no_added_keys(section: DataclassInstance, prefix: str = "") -> None:
     """Refuse a key that `+key=value` added to the schema: Hydra composes it, and OmegaConf.to_object keeps it as
     an attribute that nothing reads."""
-    known = {item.name for item in fields(section)}  # type: ignore[arg-type]
+    known = {item.name for item in fields(section)}
     for name, value in vars(section).items():
         if name not in known:
             raise UnknownKey(prefix + name)
-        if is_dataclass(value):
+        if is_dataclass(value) and not isinstance(value, type):
             _no_added_keys(value, f"{prefix}{name}.")
 
 

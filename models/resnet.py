@@ -17,6 +17,15 @@ STD_RGB = (0.229 * 255, 0.224 * 255, 0.225 * 255)
 NormLayer = Callable[[int], nn.Module]
 
 
+def random_batch(
+    batch: int, image_size: int, classes: int, generator: torch.Generator | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random uint8 NHWC images, the model's input, and labels, drawn on the host (from `generator`, or torch's
+    global stream): what the steps run on where no dataset is read (compiling ahead, benchmarks)."""
+    images = torch.randint(0, 256, (batch, image_size, image_size, 3), dtype=torch.uint8, generator=generator)
+    return images, torch.randint(0, classes, (batch,), generator=generator)
+
+
 class ResNet50(ResNet):
     """torchvision's ResNet-50 v1.5 that takes uint8 NHWC batches and normalises them itself.
 

@@ -33,7 +33,7 @@ def winners(stages: dict[str, Figures]) -> Figures:
     the faster decode path at each worker count and overall, the fastest train.py run."""
     found: Figures = {}
     rows = stages.get("step", {}).get("rows", {})
-    base = _rate(rows.get("base"))
+    base = _step_rate(stages, "base")
     options = {name[1:]: _rate(row) for name, row in rows.items() if name.startswith("+")}
     if base:
         found["options_over_base"] = {name: round(rate / base, 3) if rate else None for name, rate in options.items()}
@@ -71,6 +71,11 @@ def _rate(row: object) -> float | None:
     return row.get("img_s") if isinstance(row, dict) else None
 
 
+def _step_rate(stages: dict[str, Figures], row: str) -> float | None:
+    """The img/s of the step stage's `row`, None where it was not measured."""
+    return _rate(stages.get("step", {}).get("rows", {}).get(row))
+
+
 def _step(step: Figures) -> list[str]:
     rows = step.get("rows", {})
     if not rows:
@@ -100,7 +105,7 @@ def _loader(stages: dict[str, Figures]) -> list[str]:
     workers = loader.get("img_s_by_workers", {})
     if not workers:
         return []
-    step = _rate(stages.get("step", {}).get("rows", {}).get("best"))
+    step = _step_rate(stages, "best")
     title = f"## The input pipeline: batch {loader.get('batch')} at {loader.get('image')} px, ImageNet-like JPEGs"
     lines = ["", title, "", "| workers (gpu/: decoded on the device) | img/s | over the best step |", "|---|---|---|"]
     for count, rate in workers.items():
@@ -113,8 +118,7 @@ def _train(stages: dict[str, Figures]) -> list[str]:
     runs = train.get("runs", {})
     if not runs:
         return []
-    best = _rate(stages.get("step", {}).get("rows", {}).get("best"))
-    compiled = _rate(stages.get("step", {}).get("rows", {}).get("bare_compiled"))
+    best, compiled = _step_rate(stages, "best"), _step_rate(stages, "bare_compiled")
     title = f"## train.py: batch {train.get('batch')} at {train.get('image')} px, {train.get('epochs')} epochs"
     header = "| run | img/s (median epoch but the first) | from mlperf.log | over the best step | over bare_compiled |"
     lines = ["", title, "", header, "|---|---|---|---|---|"]

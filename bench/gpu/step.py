@@ -35,7 +35,7 @@ import backends
 from bench.gpu import stage
 from configs.schema import SPEED_OPTIONS
 from distributed import Topology
-from models.resnet import MEAN_RGB, STD_RGB
+from models.resnet import MEAN_RGB, STD_RGB, random_batch
 
 CLASSES = 1000
 LABEL_SMOOTHING = 0.1
@@ -163,10 +163,8 @@ def run(args: argparse.Namespace, sizes: stage.Sizes) -> stage.Figures:
     """Every row in turn, the figures so far written after each (a stage cut short by its time cap keeps them)."""
     torch.backends.cudnn.benchmark = True
     device = stage.device()
-    generator = torch.Generator().manual_seed(0)
-    pixels = (sizes.batch, sizes.image, sizes.image, 3)
-    images = torch.randint(0, 256, pixels, dtype=torch.uint8, generator=generator).to(device)
-    labels = torch.randint(0, CLASSES, (sizes.batch,), generator=generator).to(device)
+    batch = random_batch(sizes.batch, sizes.image, CLASSES, torch.Generator().manual_seed(0))
+    images, labels = (t.to(device) for t in batch)
     measured: stage.Figures = {}
     failed: list[str] = []
     figures: stage.Figures = {"batch": sizes.batch, "image": sizes.image, "steps": sizes.steps, "rows": measured}

@@ -20,7 +20,6 @@ shows.
 from __future__ import annotations
 
 import argparse
-import csv
 import os
 import shutil
 import statistics
@@ -33,6 +32,7 @@ from bench.gpu import stage
 from bench.gpu import step as step_stage
 from bench.gpu.pipeline import imagenet_like, measured
 from data.synthetic import CACHE_ENV
+from mlperf_logs.metrics import MetricsCSV
 from mlperf_logs.summarize import LOG_NAME, summarize_run
 
 REPEAT = {False: 4, True: 1}  # copies of the photo set (full, tiny)
@@ -78,8 +78,7 @@ def overrides(root: Path, sizes: stage.Sizes, epochs: int, out: Path) -> list[st
 
 def epoch_rates(metrics: Path) -> list[float]:
     """Each epoch's training rate as train.py wrote it into metrics.csv."""
-    with metrics.open() as rows:
-        return [float(row["images_per_s"]) for row in csv.DictReader(rows)]
+    return [float(row["images_per_s"]) for row in MetricsCSV(metrics).read()]
 
 
 def steady_rate(rates: list[float]) -> float:
