@@ -169,6 +169,13 @@ def train(cfg: Config, out_dir: Path, topology: Topology, resolved: str) -> tupl
     policy = Policy.for_device(cfg.precision, device.type)
     fingerprint = training_fingerprint(cfg, topology.world_size)
     checkpoint = distributed.from_main(lambda: restore_point(out_dir, cfg.mlperf.log_file, cfg.run.resume, fingerprint))
+    seed_everything(cfg.run.seed, topology.rank)
+
+    # Data: the index of both splits (the synthetic set is generated here on first use), then the loaders; a set
+    # the run cannot use is refused here, before the run has a log or a config.yaml (and so no folder).
+    train_split, val_split = open_splits(cfg, topology)
+    train_loader = make_loader(cfg, train_split, topology, train=True, device=device)
+    val_loader = make_loader(cfg, val_split, topology, train=False, device=device)
     log = MLPerfLogger(out_dir / cfg.mlperf.log_file if topology.is_main else None)
     if topology.is_main:
         (out_dir / "config.yaml").write_text(resolved)
@@ -178,12 +185,6 @@ def train(cfg: Config, out_dir: Path, topology: Topology, resolved: str) -> tupl
         platform = submission_platform(cfg, policy)
         log_submission(log, Submission(cfg.mlperf.org, platform, cfg.mlperf.division, cfg.mlperf.status))
         log.event(constants.SEED, cfg.run.seed)
-    seed_everything(cfg.run.seed, topology.rank)
-
-    # Data: the index of both splits (the synthetic set is generated here on first use), then the loaders.
-    train_split, val_split = open_splits(cfg, topology)
-    train_loader = make_loader(cfg, train_split, topology, train=True, device=device)
-    val_loader = make_loader(cfg, val_split, topology, train=False, device=device)
     if topology.is_main:
         say(describe_dataset(train_split, val_split))
         announce(cfg, policy, topology)

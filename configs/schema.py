@@ -75,8 +75,8 @@ class DataConfig:
     crop_area_min: float = 0.08  # random-resized crop: smallest fraction of the image area
     global_batch: int = 256
     eval_batch: int = 256
-    workers: int | None = 2  # loader processes per rank; 0 loads in the training process; null: this rank's share
-    # of the machine's cores, less one for the training process (data.loader.workers_for_cores)
+    workers: int | None = None  # loader processes per rank; 0 loads in the training process; null: this rank's
+    # share of the machine's cores, less one for the training process (data.loader.workers_for_cores)
     corrupt: str = "skip"  # skip: replace an unreadable or corrupt file by another sample, report it once | fail
     max_pixels: int = 178_956_970  # refuse an image whose header claims more pixels (Pillow's bomb limit)
     cache_bytes: bool = False  # keep every file's bytes in memory (read once, shared by the workers)

@@ -9,8 +9,7 @@ import pytest
 import torch
 from PIL import Image
 
-from assemble import loader_workers, make_loader, too_few_images
-from configs.schema import ConfigError
+from assemble import loader_workers, too_few_images
 from data import folder
 from data.folder import find_classes, open_split
 from data.loader import BatchDataset, Crops, Loader, build_loader, workers_for_cores
@@ -284,17 +283,29 @@ def test_the_imagenet_recipe_gives_each_rank_its_share_of_the_cores(tmp_path, mo
     assert loader_workers(composed("data.workers=3"), Topology()) == 3
 
 
-def test_a_training_set_smaller_than_a_batch_is_refused_with_the_batch_that_fits(tiny_tree):
+@pytest.mark.parametrize("experiment", sorted(path.stem for path in Path("configs/experiment").glob("*.yaml")))
+def test_no_recipe_gives_a_two_core_machine_more_loader_processes_than_cores(experiment, tmp_path, monkeypatch):
+    """Only a user's data.workers=N may ask for more workers than cores (PyTorch then warns, as it did for the
+    8 of experiment=imagenet on 2 cores)."""
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    cfg = composed(f"experiment={experiment}", f"data.root={tmp_path}")
+    assert loader_workers(cfg, Topology()) <= 1  # and the training process on the other core
+
+
+def test_a_training_set_smaller_than_a_batch_is_refused_with_the_batch_that_fits(tiny_tree, tmp_path):
     """experiment=imagenet's batch of 3264 on six images: no epoch would have a step (it used to end in a traceback
-    from torch.stack of no losses); the line names the override that fits, a power of two."""
-    cfg = composed("experiment=imagenet", f"data.root={tiny_tree}", "data.workers=0")
-    train = open_split(tiny_tree / "train", find_classes(tiny_tree / "train"))
-    with pytest.raises(ConfigError) as refused:
-        make_loader(cfg, train, Topology(), train=True, device=torch.device("cpu"))
-    assert str(refused.value) == (
-        "data.global_batch: 3264 is more than the 6 training images: an epoch would have no step; "
-        "give data.global_batch=4 (or fewer)"
+    from torch.stack of no losses). One line names the override that fits, a power of two, and the refused run
+    leaves no folder (it used to leave its mlperf.log and config.yaml)."""
+    run_dir = tmp_path / "run"
+    result = run_train("experiment=imagenet", f"data.root={tiny_tree}", f"hydra.run.dir={run_dir}", cache=tmp_path)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert result.stderr == (
+        "error: data.global_batch: 3264 is more than the 6 training images: an epoch would have no step; "
+        "give data.global_batch=4 (or fewer)\n"
     )
+    assert not run_dir.exists()
+    cfg = composed("experiment=imagenet", f"data.root={tiny_tree}")
     four_ranks = too_few_images(6, 3264, cfg, Topology(rank=0, world_size=4))
     assert four_ranks.endswith("give data.global_batch=4 (or fewer)")  # divisible by the 4 ranks
     assert too_few_images(3, 3264, cfg, Topology(rank=0, world_size=4)).endswith("the set needs at least 4 images")
