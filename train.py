@@ -71,6 +71,7 @@ from projection import project
 USER_ERRORS = (ConfigError, DatasetError, CheckpointError, LaunchError, HydraException, OmegaConfBaseException)
 METRICS = "metrics.csv"
 PLOT = "metrics.png"
+NOT_CONVERGED = 3  # the exit status of a run that ended short of the target (run.allow_not_converged=true: 0)
 NO_TRIAL_COMPLETED = "No trials are completed yet."  # optuna's study.best_trial, when every trial failed
 
 register()
@@ -86,6 +87,10 @@ def main(raw: DictConfig) -> float | None:
             raise  # a failed job of a sweep: its sweeper decides (Optuna's marks the trial failed, goes on)
         forget_refused_run(Path(HydraConfig.get().runtime.output_dir))
         exit_in_one_line(err)  # here: raised on, it would get a line of Hydra's own before it
+    except NotConverged as err:  # the summary above says how far it got
+        if distributed.from_environment().is_main:
+            print(f"not converged: {err}", file=sys.stderr)
+        sys.exit(NOT_CONVERGED)
 
 
 def forget_refused_run(directory: Path) -> None:
@@ -121,6 +126,7 @@ def run(raw: DictConfig) -> float | None:
             out_dir = distributed.agree_on_output_dir(Path(HydraConfig.get().runtime.output_dir))
             with job_log():  # train.log holds what the terminal shows
                 status, minutes = train(cfg, out_dir, topology, resolved=OmegaConf.to_yaml(raw, resolve=True))
+            refuse_to_pass_as_converged(status, cfg)
             return sweep_objective(status, minutes)
     return None
 
@@ -131,6 +137,22 @@ def refuse_a_launcher_without_a_sweep() -> None:
     launcher = hydra_cfg.runtime.choices.get("hydra/launcher")
     if hydra_cfg.mode == RunMode.RUN and launcher not in (None, "basic"):
         raise ConfigError("hydra/launcher", f"{launcher} launches the jobs of a sweep: add -m (python train.py -m ...)")
+
+
+class NotConverged(Exception):
+    """The run ended (its epoch budget spent, or its loss not finite) short of the target accuracy."""
+
+
+def refuse_to_pass_as_converged(status: str, cfg: Config) -> None:
+    """A run that missed the target exits NOT_CONVERGED, so a script or a scheduler can tell it from a success;
+    in a sweep, its sweeper decides instead (Optuna's marks the trial failed), and run.allow_not_converged=true
+    lets a run that is not meant to converge (a timing or a smoke run) exit 0."""
+    if status != constants.SUCCESS and HydraConfig.get().mode == RunMode.RUN and not cfg.run.allow_not_converged:
+        target = cfg.mlperf.target_accuracy
+        raise NotConverged(
+            f"the run ended short of the target top-1 {target} (exit status {NOT_CONVERGED}; "
+            "run.allow_not_converged=true exits 0)"
+        )
 
 
 def sweep_objective(status: str, minutes: float) -> float | None:

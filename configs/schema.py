@@ -167,6 +167,7 @@ class RunConfig:
     progress: str = "auto"  # auto (bar on a terminal, lines otherwise) | bar | lines | none
     benchmark_steps: int = 20  # run.mode=benchmark: timed train steps on random in-memory batches
     tensorboard: bool = True  # rank 0 writes TensorBoard scalars into the run directory (tensorboard --logdir outputs)
+    allow_not_converged: bool = False  # a run that ends short of the target exits 0, not NOT_CONVERGED (3)
 
 
 @dataclass

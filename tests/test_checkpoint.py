@@ -7,7 +7,7 @@ import torch
 
 from backends import checkpoint
 from backends.checkpoint import CheckpointError
-from tests.conftest import TINY_RUN, run_train
+from tests.conftest import ALL_EPOCHS, TINY_RUN, run_train
 
 ADVICE = (
     "is damaged or not a checkpoint of this harness: the run cannot continue; start it again with a new hydra.run.dir"
@@ -43,5 +43,12 @@ def test_train_py_refuses_a_garbage_checkpoint_in_one_line_with_exit_status_2(ca
     (message,) = result.stderr.splitlines()  # one line: no traceback, no line of Hydra's
     assert message == f"error: {tmp_path / 'checkpoint.pt'} {ADVICE}"
     assert {path: path.read_bytes() for path in before} == before
-    again = run_train(*TINY_RUN, "run.resume=auto", f"hydra.run.dir={tmp_path / 'again'}", cache=cache_dir)
+    started_again = (
+        *TINY_RUN,
+        "run.max_epochs=1",
+        *ALL_EPOCHS,
+        "run.resume=auto",
+        f"hydra.run.dir={tmp_path / 'again'}",
+    )
+    again = run_train(*started_again, cache=cache_dir)
     assert again.returncode == 0, again.stderr  # the advice works: the run starts again there

@@ -21,6 +21,7 @@ from configs.schema import Config, ConfigError, validate
 from distributed.topology import LaunchError, Topology, first_host, from_environment
 from models import batchnorm, build_resnet50
 from tests.conftest import (
+    ALL_EPOCHS,
     REPO,
     TINY_RUN,
     assert_compliant,
@@ -181,7 +182,7 @@ def torchrun(*overrides: str, cache: Path) -> subprocess.Popen[str]:
 
 # Two ranks of one thread and one loader worker each (the machine's 2 cores), 2 epochs of 4 steps (TINY_RUN's 64
 # images at 32 px, batches of 8 per rank) that never reach the target.
-TWO_RANKS = (*TINY_RUN, "run.max_epochs=2", "mlperf.target_accuracy=1.0", "device.threads=1", "data.workers=1")
+TWO_RANKS = (*TINY_RUN, "run.max_epochs=2", *ALL_EPOCHS, "device.threads=1", "data.workers=1")
 
 
 @pytest.fixture(scope="module")
@@ -245,9 +246,7 @@ def rank_pid(marker: str, rank: int) -> int | None:
 
 def start_and_wait_for_epoch_1(out: Path, cache: Path, *overrides: str) -> tuple[subprocess.Popen[str], int]:
     """A 2-rank torchrun that would run long, once its first epoch is over; returns it and rank 1's pid."""
-    run = torchrun(
-        *TINY_RUN, "run.max_epochs=50", "mlperf.target_accuracy=1.0", f"hydra.run.dir={out}", *overrides, cache=cache
-    )
+    run = torchrun(*TINY_RUN, "run.max_epochs=50", *ALL_EPOCHS, f"hydra.run.dir={out}", *overrides, cache=cache)
     metrics = out / "metrics.csv"
     deadline = time.monotonic() + 300
     while not (metrics.exists() and len(metrics.read_text().splitlines()) >= 2):

@@ -30,6 +30,7 @@ from backends.checkpoint import CheckpointError
 from configs.schema import ConfigError, training_fingerprint
 from optim.precision import emulates
 from tests.conftest import (
+    ALL_EPOCHS,
     REPO,
     TINY_RUN,
     assert_compliant,
@@ -47,12 +48,12 @@ from tests.conftest import (
 )
 
 # Two epochs of 4 steps (TINY_RUN: 64 images at 32 px, batches of 16) that never reach the target, with LARS.
-TWO_EPOCHS = (*TINY_RUN, "run.max_epochs=2", "mlperf.target_accuracy=1.0")
+TWO_EPOCHS = (*TINY_RUN, "run.max_epochs=2", *ALL_EPOCHS)
 # The same images in one step per epoch, so that a stop at step 1 comes at the end of an epoch, before its
 # evaluation; with SGD, so that each optimizer's state goes through a checkpoint.
 ONE_STEP_EPOCHS = (*TWO_EPOCHS, "data.global_batch=64", "optim=sgd")
 # The smoke task's three epochs of 16 steps, for the randomised stops (slow).
-RESUME_RUN = ("experiment=smoke", "run.max_epochs=3", "mlperf.target_accuracy=1.0")
+RESUME_RUN = ("experiment=smoke", "run.max_epochs=3", *ALL_EPOCHS)
 
 
 @pytest.fixture(scope="module")
@@ -278,7 +279,7 @@ def test_a_run_with_workers_stopped_twice_resumes_to_the_same_run_and_leaves_wha
     gets it too, as from a terminal's Ctrl-C or from SLURM), then, continued by resume.sh, SIGUSR1 to the main
     process once epoch 1 has ended. Each attempt stops at its step boundary and the next says where it
     resumes; the run ends with the weights of one never stopped (without workers: the batches are the same), its
-    log records each resumption, and its directory holds what the README's table lists."""
+    log records each resumption, and its directory holds what the README lists."""
     command = [sys.executable, "train.py", *TWO_EPOCHS, "data.workers=1", f"hydra.run.dir={tmp_path}"]
     first = stop_when(command, cache_dir, lambda output: "precision " in output, signal.SIGTERM, group=True)
     assert_stopped_within_seconds(tmp_path, first, signal.SIGTERM, "step 1 (epoch 1, 1 of its 4 steps done)")
@@ -368,7 +369,7 @@ def test_an_unreadable_training_file_is_skipped_and_reported_or_fatal_by_policy(
     bad = sorted((tmp_path / "data" / "train").glob("*/*.JPEG"))[0]
     bad.write_bytes(bad.read_bytes()[:300])  # truncated inside the entropy-coded data
 
-    two_epochs = ("run.max_epochs=2", "mlperf.target_accuracy=1.0")  # the file met twice, reported once
+    two_epochs = ("run.max_epochs=2", *ALL_EPOCHS)  # the file met twice, reported once
     skipped = run_train(*data, *two_epochs, f"hydra.run.dir={tmp_path / 'skip'}", cache=cache_dir, check=True)
     assert "1 unreadable files skipped" in skipped.stdout
     assert (skipped.stdout + skipped.stderr).count(f"skipped an unreadable file: {bad}") == 1
@@ -435,7 +436,7 @@ def test_a_smoke_run_under_each_precision_policy_passes_the_compliance_checker(p
 
 @pytest.mark.slow  # compiling ResNet-50 on the CPU takes over a minute
 def test_a_compiled_run_compiles_before_its_clock_starts_and_logs_a_run_the_checker_takes(cache_dir, tmp_path):
-    overrides = (*TINY_RUN, "run.max_epochs=1", "device.compile=true", f"hydra.run.dir={tmp_path}")
+    overrides = (*TINY_RUN, "run.max_epochs=1", *ALL_EPOCHS, "device.compile=true", f"hydra.run.dir={tmp_path}")
     env = {"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}  # inductor's shared cache is not keyed by ISA
     result = run_train(*overrides, cache=cache_dir, check=True, env=env)
     assert_compliant_but_for_accuracy(tmp_path / "mlperf.log", tmp_path)

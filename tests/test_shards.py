@@ -28,7 +28,7 @@ from data.sampler import ShardedSampler
 from data.shards import ShardSplit, main, open_shards
 from data.split import DatasetError, Split
 from data.synthetic import SyntheticSpec
-from tests.conftest import REPO, run_train
+from tests.conftest import ALL_EPOCHS, REPO, run_train
 from tests.jpeg_samples import jpeg, png
 
 WNIDS = ("n01", "n02", "n03")
@@ -372,7 +372,14 @@ def test_an_epoch_drops_only_the_remainder_and_another_one_each_epoch(one_per_cl
 def test_train_py_packs_the_embedded_set_and_trains_from_its_shards(tmp_path):
     """data.format=shards on the synthetic set: packed beside its folder on first use, then read for training."""
     tiny = ("data.synthetic.classes=2", "data.synthetic.train_per_class=8", "data.synthetic.val_per_class=4")
-    run = ("experiment=smoke", "run.max_epochs=1", "optim.warmup_epochs=0", "data.global_batch=8", "data.image_size=32")
+    run = (
+        "experiment=smoke",
+        "run.max_epochs=1",
+        *ALL_EPOCHS,
+        "optim.warmup_epochs=0",
+        "data.global_batch=8",
+        "data.image_size=32",
+    )
     result = run_train(*run, *tiny, "data.format=shards", f"hydra.run.dir={tmp_path / 'run'}", cache=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "epoch   1/1" in result.stdout

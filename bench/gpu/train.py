@@ -70,6 +70,7 @@ def overrides(root: Path, sizes: stage.Sizes, epochs: int, out: Path) -> list[st
         f"mlperf.first_eval={epochs}",
         f"mlperf.eval_every={epochs}",
         "mlperf.target_accuracy=1.0",
+        "run.allow_not_converged=true",
         "run.checkpoint=false",
         "run.progress=lines",
         f"hydra.run.dir={out}",

@@ -20,6 +20,7 @@ import yaml
 from omegaconf import OmegaConf
 
 from tests.conftest import (
+    ALL_EPOCHS,
     REPO,
     TINY_RUN,
     assert_compliant,
@@ -41,7 +42,7 @@ TWO_TASKS = (
 )
 TINY = (*TINY_RUN, "mlperf=open", "device.threads=1")
 # Three epochs of 4 steps that never reach the target: a run to stop in the middle and compare with a whole one.
-LONGER = (*TINY, "run.max_epochs=3", "mlperf.target_accuracy=1.0")
+LONGER = (*TINY, "run.max_epochs=3", *ALL_EPOCHS)
 SBATCH = REPO / "examples" / "slurm" / "train.sbatch"
 ON_THIS_NODE = ("--ntasks-per-node=2", "--gpus-per-node=0", "--cpus-per-task=1", "--mem=4G")
 JOB_TIMEOUT_S = 180
