@@ -15,9 +15,12 @@ configs/hydra/launcher/slurm.yaml names `SlurmLauncher`. What it adds to the sto
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
+import io
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -77,18 +80,27 @@ class SlurmLauncher(SubmititSlurmLauncher):
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
         """The stock launch; a cluster that cannot take the jobs (no sbatch here, its controller out of reach) is
-        told in one line, sbatch's last, in place of submitit's traceback."""
+        told in one line, sbatch's last, in place of submitit's traceback and of sbatch's own lines (which submitit
+        prints before it raises), and the sweep's folder, which then holds no job, goes."""
         from submitit.core.utils import FailedJobError, FailedSubmissionError
 
+        printed = io.StringIO()  # what submitit prints while it submits and waits: passed on once the jobs end
         try:
-            return super().launch(job_overrides, initial_job_idx)
+            with contextlib.redirect_stderr(printed):
+                jobs = super().launch(job_overrides, initial_job_idx)
         except FileNotFoundError as err:
+            forget_unsubmitted_sweep(Path(self.config.hydra.sweep.dir))
             raise LaunchError(
                 f"hydra/launcher=slurm: {err.filename or 'sbatch'} is not on this machine's PATH"
             ) from err
         except (FailedJobError, FailedSubmissionError) as err:
+            if not forget_unsubmitted_sweep(Path(self.config.hydra.sweep.dir)):
+                sys.stderr.write(printed.getvalue())  # a job that ran and failed: everything submitit said
+                raise
             said = [line.strip() for line in str(err).splitlines() if line.strip()] or ["no reason given"]
             raise LaunchError(f"hydra/launcher=slurm: sbatch could not submit the jobs: {said[-1]}") from err
+        sys.stderr.write(printed.getvalue())
+        return jobs
 
     def __call__(
         self,
@@ -107,6 +119,18 @@ class SlurmLauncher(SubmititSlurmLauncher):
             if stop.signum == signal.SIGUSR1 and is_main:
                 requeue_this_job()
             raise SystemExit(stop.exit_status) from None
+
+
+def forget_unsubmitted_sweep(folder: Path) -> bool:
+    """Remove the folder of a sweep none of whose jobs reached SLURM (Hydra's multirun.yaml and submitit's
+    submission files, no job's folder); whether it was one."""
+    if not folder.is_dir():
+        return False
+    made_before_sbatch = {path.name for path in folder.iterdir()} <= {"multirun.yaml", ".submitit"}
+    if not made_before_sbatch or any(path.is_dir() for path in (folder / ".submitit").glob("*")):
+        return False
+    shutil.rmtree(folder, ignore_errors=True)
+    return True
 
 
 def requeue_this_job() -> None:

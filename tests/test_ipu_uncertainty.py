@@ -9,7 +9,7 @@ import pytest
 
 from backends.ipu_sim import calibrate
 from backends.ipu_sim.cost import Constants
-from backends.ipu_sim.uncertainty import ASSUMPTIONS, Assumption, corners, headline
+from backends.ipu_sim.uncertainty import ASSUMPTIONS, Assumption, corners, headline, report
 from tests.systems import resnet50_profile, system
 
 refit = calibrate.refitter(resnet50_profile(), calibrate.in_sample_systems())
@@ -80,11 +80,19 @@ def test_a_wider_assumption_widens_the_interval_and_becomes_the_most_sensitive()
 
 
 def test_the_headline_gives_the_answer_with_its_range_or_says_why_it_has_none():
-    spread = scaled("ipu_pod64")
+    spread = scaled("ipu_pod64", grad_accum=3)  # experiment=mlperf_pod64's layout
     said = headline(spread, epochs=41)
     low, high = spread.time_to_train_min
     assert said.startswith(f"projected time to train (41 epochs): {spread.central.time_to_train_min:.2f} min")
     assert f"({low:.2f} to {high:.2f})" in said and f"of which {spread.most_sensitive} moves it most" in said
+    rate = spread.central.throughput_img_s  # the POD64's steady epochs fix it: no assumption moves it
+    assert spread.throughput_img_s == pytest.approx((rate, rate), rel=1e-12)
+    assert f"at {rate:,.0f} img/s (no assumed constant moves it);" in said  # not "(108,115 to 108,115)"
+    central = refit(Constants())
+    assert f"throughput {rate:,.0f} img/s (no assumed constant moves it), time to train" in report(spread, central)
+    assert f"time to train {spread.central.time_to_train_min:.3f} min ({low:.3f} to {high:.3f})" in report(
+        spread, central
+    )
     fitted = dataclasses.replace(spread, most_sensitive=None, time_to_train_min=(low, low))  # a zero-width range
     assert headline(fitted, epochs=41).endswith(
         "no range: the constants are fitted to this very layout, so no assumption moves it"

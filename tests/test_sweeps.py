@@ -77,14 +77,15 @@ def test_a_launcher_without_a_sweep_is_told_in_one_line(tmp_path):
 @pytest.mark.skipif(shutil.which("sbatch") is None, reason="needs SLURM's sbatch (tests/slurm/local_cluster.sh can)")
 def test_a_slurm_that_cannot_take_the_jobs_is_told_in_one_line(tmp_path):
     """The real sbatch on a machine with no cluster to reach (an empty slurm.conf, as a machine that SLURM was
-    installed on but never configured): sbatch's own lines, then ours, in place of submitit's traceback."""
+    installed on but never configured): one line, with sbatch's last, in place of submitit's traceback and
+    sbatch's own lines; the sweep's folder, with no job in it, goes."""
     (tmp_path / "slurm.conf").write_text("")
     overrides = ("-m", "hydra/launcher=slurm", f"hydra.sweep.dir={tmp_path / 'sweep'}")
     result = run_train(*overrides, cache=tmp_path / "cache", env={"SLURM_CONF": str(tmp_path / "slurm.conf")})
     assert result.returncode == 2, result.stderr
-    last = result.stderr.splitlines()[-1]
-    assert last.startswith("error: hydra/launcher=slurm: sbatch could not submit the jobs: sbatch: ")
-    assert "Traceback" not in result.stderr
+    (line,) = result.stderr.splitlines()
+    assert line.startswith("error: hydra/launcher=slurm: sbatch could not submit the jobs: sbatch: fatal: ")
+    assert not (tmp_path / "sweep").exists()
 
 
 def test_the_slurm_launcher_config_composes_into_submitits_slurm_launcher():

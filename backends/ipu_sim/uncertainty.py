@@ -176,31 +176,36 @@ def describe(name: str, assumption: Assumption, value: float) -> str:
     return f"{name} = {scale * value:g}{unit} ({scale * assumption.low:g} to {scale * assumption.high:g}{unit})"
 
 
+def span(low: float, high: float, shown: Callable[[float], str]) -> str:
+    """A range as printed, or where its ends print the same (the POD64's throughput, which its steady epochs fix),
+    that no assumption moves the figure: said in words, not as a range of zero width."""
+    return f"{shown(low)} to {shown(high)}" if shown(low) != shown(high) else "no assumed constant moves it"
+
+
 def headline(interval: Interval, epochs: int) -> str:
     """The answer first, for a reader new to IPUs: time to train and throughput, each with its range and what the
     range comes from (docs/ipu_sim.md explains the terms of the breakdown below it)."""
     ttt, rate = interval.central.time_to_train_min, interval.central.throughput_img_s
-    (low, high), (slow, fast) = interval.time_to_train_min, interval.throughput_img_s
     if interval.most_sensitive is None:
         return (
             f"projected time to train ({epochs} epochs): {ttt:.2f} min at {rate:,.0f} img/s; no range: the constants"
             " are fitted to this very layout, so no assumption moves it"
         )
+    minutes = span(*interval.time_to_train_min, "{:.2f}".format)
+    rates = span(*interval.throughput_img_s, "{:,.0f}".format)
     return (
-        f"projected time to train ({epochs} epochs): {ttt:.2f} min ({low:.2f} to {high:.2f}) at {rate:,.0f} img/s"
-        f" ({slow:,.0f} to {fast:,.0f}); the ranges span the assumed constants, of which {interval.most_sensitive}"
-        " moves it most"
+        f"projected time to train ({epochs} epochs): {ttt:.2f} min ({minutes}) at {rate:,.0f} img/s ({rates});"
+        f" the ranges span the assumed constants, of which {interval.most_sensitive} moves it most"
     )
 
 
 def report(interval: Interval, central: Constants, assumptions: Mapping[str, Assumption] = ASSUMPTIONS) -> str:
     """The ranges, as run.mode=project prints them under the central projection."""
     name, (low, high) = interval.most_sensitive, interval.sensitive_time_to_train_min
-    ranges = (
-        f"over the assumed ranges: throughput {interval.throughput_img_s[0]:,.0f} to "
-        f"{interval.throughput_img_s[1]:,.0f} img/s, time to train {interval.time_to_train_min[0]:.3f} to "
-        f"{interval.time_to_train_min[1]:.3f} min"
-    )
+    rate, ttt = interval.central.throughput_img_s, interval.central.time_to_train_min
+    rates = span(*interval.throughput_img_s, "{:,.0f}".format)
+    minutes = span(*interval.time_to_train_min, "{:.3f}".format)
+    ranges = f"over the assumed ranges: throughput {rate:,.0f} img/s ({rates}), time to train {ttt:.3f} min ({minutes})"
     if name is None:
         return f"{ranges}\nno assumption moves it: this is the layout the constants are fitted to"
     swing = f"most sensitive to {describe(name, assumptions[name], getattr(central, name))}"
