@@ -84,17 +84,19 @@ class SlurmLauncher(SubmititSlurmLauncher):
         prints before it raises), and the sweep's folder, which then holds no job, goes."""
         from submitit.core.utils import FailedJobError, FailedSubmissionError
 
+        assert self.config is not None  # Hydra calls setup first
+        sweep = Path(self.config.hydra.sweep.dir)
         printed = io.StringIO()  # what submitit prints while it submits and waits: passed on once the jobs end
         try:
             with contextlib.redirect_stderr(printed):
                 jobs = super().launch(job_overrides, initial_job_idx)
         except FileNotFoundError as err:
-            forget_unsubmitted_sweep(Path(self.config.hydra.sweep.dir))
+            forget_unsubmitted_sweep(sweep)
             raise LaunchError(
                 f"hydra/launcher=slurm: {err.filename or 'sbatch'} is not on this machine's PATH"
             ) from err
         except (FailedJobError, FailedSubmissionError) as err:
-            if not forget_unsubmitted_sweep(Path(self.config.hydra.sweep.dir)):
+            if not forget_unsubmitted_sweep(sweep):
                 sys.stderr.write(printed.getvalue())  # a job that ran and failed: everything submitit said
                 raise
             said = [line.strip() for line in str(err).splitlines() if line.strip()] or ["no reason given"]
