@@ -10,17 +10,16 @@ import numpy as np
 import torch
 
 import distributed
-from configs.schema import Config, ConfigError, batch_shape
+from configs.checks import ConfigError
+from configs.schema import Config, batch_shape
 from data.datasets import dataset_size, open_dataset
 from data.loader import Crops, Loader, build_loader, workers_for_cores
 from data.sampler import ShardedSampler
 from data.split import Split
-from data.synthetic import SyntheticSpec
 from distributed import Topology
 from mlperf_logs.hyperparameters import Hyperparameters
-from optim import Schedule
 from optim.precision import Policy
-from optim.schedule import steps_from_epochs
+from optim.schedule import Schedule, steps_from_epochs
 
 
 def seed_everything(seed: int, rank: int) -> None:
@@ -32,17 +31,16 @@ def seed_everything(seed: int, rank: int) -> None:
 
 def dataset_shape(cfg: Config) -> tuple[int, int, int]:
     """Classes, training and validation images of the configured dataset, without reading it."""
-    return dataset_size(cfg.data.name, SyntheticSpec(**vars(cfg.data.synthetic)))
+    return dataset_size(cfg.data.name, cfg.data.synthetic)
 
 
 def open_splits(cfg: Config, topology: Topology) -> tuple[Split, Split]:
     """Rank 0 opens the dataset first (generating the synthetic set, its index or its shards on first use), then
     the other ranks, which find them made."""
     data = cfg.data
-    spec = SyntheticSpec(**vars(data.synthetic))
-    splits = open_dataset(data.name, data.root, spec, data.format) if topology.is_main else None
+    splits = open_dataset(data.name, data.root, data.synthetic, data.format) if topology.is_main else None
     distributed.barrier()
-    return splits or open_dataset(data.name, data.root, spec, data.format)
+    return splits or open_dataset(data.name, data.root, data.synthetic, data.format)
 
 
 def make_loader(cfg: Config, split: Split, topology: Topology, *, train: bool, device: torch.device) -> Loader:

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import torch
 
+import rundir
 from assemble import dataset_shape
 from backends.ipu_sim import simulator
 from configs.schema import Config
@@ -22,9 +23,10 @@ def project(cfg: Config, out_dir: Path | None) -> None:
     schedule = simulator.Schedule(cfg.run.max_epochs, train_images, eval_images, mlperf.eval_every, mlperf.first_eval)
     report, figures = simulator.project(plan, simulator.system_of(cfg), schedule).rsplit("\n", 1)
     if out_dir is not None:  # named before the figures, which stay the last line
-        report += f"\noutputs: {out_dir} (projection.txt: all of this; projection.json: the last line)"
+        kept = f"{rundir.PROJECTION_TEXT}: all of this; {rundir.PROJECTION_JSON}: the last line"
+        report += f"\noutputs: {out_dir} ({kept})"
     text = f"{report}\n{figures}"
     print(text, flush=True)
     if out_dir is not None:
-        (out_dir / "projection.txt").write_text(text + "\n")
-        (out_dir / "projection.json").write_text(figures + "\n")
+        (out_dir / rundir.PROJECTION_TEXT).write_text(text + "\n")
+        (out_dir / rundir.PROJECTION_JSON).write_text(figures + "\n")

@@ -10,8 +10,8 @@
     python train.py device=ipu_pod16 device.replicas=4 mlperf.clock=device   train on 4 simulated IPUs, log their time
     torchrun --nproc-per-node 2 train.py dist.bn_group_size=2   two processes, BatchNorm over both
 
-Everything the run writes goes to its Hydra output directory: config.yaml (resolved), mlperf.log,
-metrics.csv, metrics.png, checkpoint.pt, and resume.sh after a stop. With several ranks, rank 0 picks the
+Everything the run writes goes to its Hydra output directory (rundir names each file): config.yaml (resolved),
+mlperf.log, metrics.csv, metrics.png, checkpoint.pt, and resume.sh after a stop. With several ranks, rank 0 picks the
 directory and writes alone. SIGTERM, SIGINT and SIGUSR1 stop the run at the next step boundary (distributed.stop).
 backends.from_config builds what trains (model, optimizer, precision policy, on its device), assemble.py the rest
 (data, schedule, log keys), backends/checkpoint.py saves and restores a run; run.mode=benchmark and
@@ -39,6 +39,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 import backends
 import distributed
+import rundir
 from assemble import (
     eval_epochs,
     hyperparameters,
@@ -50,27 +51,26 @@ from assemble import (
     submission_platform,
 )
 from backends import checkpoint
-from backends.checkpoint import CHECKPOINT, FINAL_WEIGHTS, CheckpointError, Loop, restore_point, restore_run
+from backends.checkpoint import CheckpointError, Loop, restore_point, restore_run
 from benchmark import benchmark
+from configs.checks import ConfigError
 from configs.errors import describe
-from configs.schema import Config, ConfigError, batch_shape, register, training_fingerprint, validate
+from configs.schema import Config, batch_shape, register, training_fingerprint, validate
 from data.datasets import describe_dataset
 from data.loader import Loader
 from data.split import DatasetError
 from data.synthetic import CACHE_ENV
 from distributed import LaunchError, PeerLost, Topology
-from distributed.stop import RESUME_SCRIPT, StopRequested, catch_stop_signals, tell_how_to_resume
+from distributed.stop import StopRequested, catch_stop_signals, tell_how_to_resume
 from mlperf_logs.hyperparameters import Submission, log_hyperparameters, log_submission
 from mlperf_logs.logger import MLPerfLogger, constants
-from mlperf_logs.metrics import TENSORBOARD, EpochMetrics, EpochTimer, MetricsCSV, plot
+from mlperf_logs.metrics import EpochMetrics, EpochTimer, MetricsCSV, plot
 from mlperf_logs.progress import Progress, epoch_line, job_log, print_summary, say
-from optim import Schedule
 from optim.precision import NonFiniteLoss, Policy
+from optim.schedule import Schedule
 from projection import project
 
 USER_ERRORS = (ConfigError, DatasetError, CheckpointError, LaunchError, HydraException, OmegaConfBaseException)
-METRICS = "metrics.csv"
-PLOT = "metrics.png"
 NOT_CONVERGED = 3  # the exit status of a run that ended short of the target (run.allow_not_converged=true: 0)
 NO_TRIAL_COMPLETED = "No trials are completed yet."  # optuna's study.best_trial, when every trial failed
 
@@ -98,8 +98,8 @@ def forget_refused_run(directory: Path) -> None:
     an empty train.log. A folder with anything more (an earlier run's) stays as it is."""
     if not directory.is_dir():  # ranks but the first may have none
         return
-    log = directory / "train.log"
-    made_for_this_run = {path.name for path in directory.iterdir()} <= {".hydra", "train.log"}
+    log = directory / rundir.JOB_LOG
+    made_for_this_run = {path.name for path in directory.iterdir()} <= {rundir.HYDRA, rundir.JOB_LOG}
     if made_for_this_run and (not log.exists() or log.stat().st_size == 0):
         shutil.rmtree(directory, ignore_errors=True)
 
@@ -200,7 +200,7 @@ def train(cfg: Config, out_dir: Path, topology: Topology, resolved: str) -> tupl
     val_loader = make_loader(cfg, val_split, topology, train=False, device=device)
     log = MLPerfLogger(out_dir / cfg.mlperf.log_file if topology.is_main else None)
     if topology.is_main:
-        (out_dir / "config.yaml").write_text(resolved)
+        (out_dir / rundir.CONFIG).write_text(resolved)
     if checkpoint is None:
         log.event(constants.CACHE_CLEAR, True)
         log.start(constants.INIT_START)
@@ -222,8 +222,8 @@ def train(cfg: Config, out_dir: Path, topology: Topology, resolved: str) -> tupl
         log.clock = backend.now  # from here on the log, and the time-to-train, are in the simulated IPUs' time
     steps_per_epoch = len(train_loader)
     schedule = make_schedule(cfg, steps_per_epoch)
-    tensorboard = out_dir / TENSORBOARD if cfg.run.tensorboard else None
-    metrics = MetricsCSV(out_dir / METRICS if topology.is_main else None, tensorboard)
+    tensorboard = out_dir / rundir.TENSORBOARD if cfg.run.tensorboard else None
+    metrics = MetricsCSV(out_dir / rundir.METRICS if topology.is_main else None, tensorboard)
     run = Run(cfg, out_dir, topology, log, metrics, backend, train_loader, val_loader, schedule, steps_per_epoch)
     if checkpoint is None:
         log_hyperparameters(log, hyperparameters(cfg, schedule, topology.world_size, train_split, val_split))
@@ -287,8 +287,8 @@ def finish(run: Run, status: str, accuracy: float | None) -> tuple[str, float]:
     run.metrics.close()
     if run.topology.is_main:
         plot_so_far(run)
-        checkpoint.save_atomically(run.out_dir / FINAL_WEIGHTS, run.backend.state_dict()["model"])
-        for name in (CHECKPOINT, RESUME_SCRIPT):
+        checkpoint.save_atomically(run.out_dir / rundir.FINAL_WEIGHTS, run.backend.state_dict()["model"])
+        for name in (rundir.CHECKPOINT, rundir.RESUME_SCRIPT):
             (run.out_dir / name).unlink(missing_ok=True)
         skipped = {**run.train_loader.skipped, **run.val_loader.skipped}
         warned = run.train_loader.warned | run.val_loader.warned
@@ -299,7 +299,7 @@ def finish(run: Run, status: str, accuracy: float | None) -> tuple[str, float]:
 def plot_so_far(run: Run) -> None:
     """metrics.png from the epochs ended so far, on rank 0 (which writes metrics.csv); none before the first."""
     if run.metrics.path is not None and (rows := run.metrics.read()):
-        plot(rows, run.out_dir / PLOT, run.cfg.mlperf.target_accuracy)
+        plot(rows, run.out_dir / rundir.PLOT, run.cfg.mlperf.target_accuracy)
 
 
 def train_to_target(run: Run) -> tuple[str, float | None]:
@@ -401,7 +401,7 @@ def stop_if_requested(run: Run) -> None:
 
 def save(run: Run) -> None:
     """The run's checkpoint, written by rank 0 with every rank's own state."""
-    path = run.out_dir / CHECKPOINT if run.topology.is_main else None
+    path = run.out_dir / rundir.CHECKPOINT if run.topology.is_main else None
     fingerprint = training_fingerprint(run.cfg, run.topology.world_size)
     checkpoint.save_run(path, run.backend, run.loop, run.log_sizes, fingerprint)
 

@@ -17,13 +17,11 @@ import numpy as np
 import torch
 
 import distributed
+import rundir
 from backends.base import Backend
-from configs.schema import ConfigError
-from distributed.stop import RESUME_SCRIPT
+from configs.checks import ConfigError
 
 FORMAT = 2  # 2: each rank's state (generators, the epoch's losses, BatchNorm statistics) under "ranks"
-CHECKPOINT = "checkpoint.pt"  # in the run's output directory, replaced at each epoch's end and at a stop
-FINAL_WEIGHTS = "model.pt"  # the trained model's state_dict, written when the run ends
 
 
 @dataclass
@@ -44,15 +42,15 @@ def restore_point(out_dir: Path, log_file: str, resume: str, fingerprint: dict[s
     A new run never writes into a directory that already holds an MLPerf log (`log_file`): two runs in one log
     would make it fail the checker.
     """
-    path = out_dir / CHECKPOINT
+    path = out_dir / rundir.CHECKPOINT
     if resume == "auto" and path.exists():
         return load(path, fingerprint)
     if (out_dir / log_file).exists():
-        state = "a finished run" if (out_dir / FINAL_WEIGHTS).exists() else "a run with no checkpoint to resume"
+        state = "a finished run" if (out_dir / rundir.FINAL_WEIGHTS).exists() else "a run with no checkpoint to resume"
         advice = "give a new hydra.run.dir"
         if path.exists():
             state = "a stopped run"
-            advice = f"continue it with run.resume=auto (as {out_dir / RESUME_SCRIPT} does), or {advice}"
+            advice = f"continue it with run.resume=auto (as {out_dir / rundir.RESUME_SCRIPT} does), or {advice}"
         raise ConfigError("run.resume", f"{out_dir} already holds {state}; {advice}")
     return None
 
@@ -112,7 +110,7 @@ def save(path: Path, state: dict[str, Any]) -> None:
 
 
 def save_atomically(path: Path, obj: Any) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
+    tmp = rundir.temporary(path)
     torch.save(obj, tmp)
     os.replace(tmp, path)
 

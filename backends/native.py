@@ -16,7 +16,8 @@ from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from backends.graphs import GraphedStep, restore_in_place, why_not_captured
-from configs.schema import Config, ConfigError, DeviceConfig
+from configs.checks import ConfigError
+from configs.schema import Config, DeviceConfig
 from distributed import Topology
 from distributed.allreduce import GradientBuckets, Stopwatch
 from distributed.batchnorm import DistributedBatchNorm2d
@@ -24,7 +25,7 @@ from distributed.group import average_over_ranks, broadcast_from_main
 from models import batchnorm, build_resnet50, random_batch
 from models.loss import smoothed_cross_entropy
 from models.resnet import NormLayer
-from optim import build_optimizer
+from optim.optimizers import build_optimizer
 from optim.precision import MixedPrecision, Policy
 
 # images, labels, and the scope its forward runs in (reusable: a pipeline enters it once per stage)

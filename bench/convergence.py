@@ -25,6 +25,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import rundir
 from bench.precision import curves, outcome
 
 REPO = Path(__file__).resolve().parent.parent
@@ -54,7 +55,7 @@ def train(recipe: str, kernels: str, epochs: int | None, run_dir: Path) -> list[
             process.send_signal(signal.SIGTERM)  # the run checkpoints, ends its log and exits 143
     if process.wait() not in (0, 128 + signal.SIGTERM):
         raise SystemExit(f"error: {' '.join(command[1:])} exited {process.returncode}")
-    with (run_dir / "metrics.csv").open(newline="") as f:
+    with (run_dir / rundir.METRICS).open(newline="") as f:
         return list(csv.DictReader(f))
 
 

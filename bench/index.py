@@ -44,11 +44,12 @@ import numpy as np
 from PIL import Image
 
 from data import folder
+from data.config import SyntheticConfig
 from data.datasets import open_dataset
 from data.devkit import write_devkit
 from data.folder import FlatLabels, FolderSplit, find_classes, is_image
 from data.layouts import DEVKIT, KAGGLE_IMAGES, KAGGLE_VAL_LABELS, find_layout
-from data.synthetic import CACHE_ENV, SyntheticSpec
+from data.synthetic import CACHE_ENV
 
 LAYOUTS = ("torchvision", "kaggle", "imagenet_org")
 MB = 1 << 20
@@ -153,7 +154,7 @@ def open_compact(root: Path, cache: Path, threads: int | None = None) -> tuple[F
     os.environ[CACHE_ENV] = str(cache)
     if threads is not None:
         folder.scan_threads = lambda directory: threads
-    return open_dataset("imagenet", str(root), SyntheticSpec())
+    return open_dataset("imagenet", str(root), SyntheticConfig())
 
 
 def smaps_kb() -> dict[str, int]:

@@ -60,14 +60,15 @@ from torchvision import datasets, transforms
 
 from bench import photos
 from data import jpeg
+from data.config import SyntheticConfig
 from data.datasets import open_dataset
 from data.folder import FolderSplit
 from data.loader import Batch, Crops, Loader, build_loader
 from data.pack import BLOCK, ensure_shards
 from data.sampler import ShardedSampler
-from data.shards import INDEX_FIELDS, ShardSplit, parse_size
+from data.shard_format import INDEX_FIELDS, ShardSplit
+from data.shards import parse_size
 from data.split import DatasetError, Split
-from data.synthetic import SyntheticSpec
 from data.transforms import CROP_RATIO, Box, random_resized_crop_box
 
 SIZE = 224
@@ -402,7 +403,7 @@ def main(argv: list[str] | None = None) -> int:
             print(generate_photos(Path(scratch) / "photos", args.images))
         root = args.data or Path(scratch) / "photos"
         try:
-            train, val = open_dataset("imagenet", str(root), SyntheticSpec())
+            train, val = open_dataset("imagenet", str(root), SyntheticConfig())
         except DatasetError as err:
             print(f"error: --data: {err}", file=sys.stderr)
             return 2

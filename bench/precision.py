@@ -24,6 +24,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import torch
 
+import rundir
 from optim.stochastic_rounding import accumulate_small_updates
 
 REPO = Path(__file__).resolve().parent.parent
@@ -43,7 +44,7 @@ def train(policy: str, out: Path, overrides: list[str]) -> list[dict[str, str]]:
     command.append("run.allow_not_converged=true")  # a policy that misses the target is a finding, not a failure
     print(f"$ {' '.join(command[1:])}", flush=True)
     subprocess.run(command, cwd=REPO, check=True)
-    with (run_dir / "metrics.csv").open(newline="") as f:
+    with (run_dir / rundir.METRICS).open(newline="") as f:
         return list(csv.DictReader(f))
 
 

@@ -12,7 +12,7 @@ random batch, after `warmup` untimed steps (the first creates the momentum buffe
            the config's optimizer (LARS), the uint8 NHWC batch normalised inside the model. precision.emulate=never:
            natively in bf16, on the same dtype path as the plain loop's autocast (the harness's default on a CPU
            without native bf16 is fp32 arithmetic rounded per layer, another path altogether).
-           --defaults cuda (the default) first sets the speed options (configs.schema.SPEED_OPTIONS) as a CUDA
+           --defaults cuda (the default) first sets the speed options (bench.gpu.step.SPEED_OPTIONS) as a CUDA
            run gets them: configs/device/cuda.yaml's values, and true for device.foreach and
            device.bn_16bit_input, which the config leaves None and the native backend turns on for CUDA only:
            the step a CUDA user gets, on the CPU. --defaults cpu leaves them as the CPU resolves them.
@@ -55,8 +55,7 @@ import torchvision
 from torch.profiler import ProfilerActivity, profile
 
 from bench.gpu import stage
-from bench.gpu.step import CLASSES, EAGER, harness, plain_loop
-from configs.schema import SPEED_OPTIONS
+from bench.gpu.step import CLASSES, EAGER, SPEED_OPTIONS, harness, plain_loop
 from models import random_batch
 
 MEMORY = "[memory]"  # the profiler's name for an allocation (positive bytes) or a free (negative)

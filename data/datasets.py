@@ -6,19 +6,18 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
+from data.config import SyntheticConfig
 from data.folder import FolderSplit, find_classes, index_dir, open_split
 from data.layouts import find_layout
 from data.pack import ensure_shards
-from data.shards import open_shards
+from data.shard_format import open_shards
 from data.split import DatasetError, Split
-from data.synthetic import SyntheticSpec, default_root, ensure_dataset
+from data.synthetic import default_root, ensure_dataset
 
 IMAGENET_TRAIN_IMAGES, IMAGENET_EVAL_IMAGES = 1_281_167, 50_000
-DATASETS = ("synthetic", "imagenet")
-FORMATS = ("files", "shards")  # a folder tree in any known layout, or indexed tar shards
 
 
-def open_dataset(name: str, root: str | None, synthetic: SyntheticSpec, form: str = "files") -> tuple[Split, Split]:
+def open_dataset(name: str, root: str | None, synthetic: SyntheticConfig, form: str = "files") -> tuple[Split, Split]:
     """The train and val splits of `name` ("synthetic" or "imagenet"), class indices from train's folders, read
     as `form` says: "files" (a folder tree) or "shards" (ImageNet: `root` holds `python -m data.shards`' output;
     the synthetic set is packed next to its folder on first use).
@@ -35,7 +34,7 @@ def open_dataset(name: str, root: str | None, synthetic: SyntheticSpec, form: st
     return train, val
 
 
-def open_files(name: str, root: str | None, synthetic: SyntheticSpec) -> tuple[FolderSplit, FolderSplit]:
+def open_files(name: str, root: str | None, synthetic: SyntheticConfig) -> tuple[FolderSplit, FolderSplit]:
     """The folder tree of `name`: the synthetic set, generated first if needed, or ImageNet in any layout."""
     if name == "synthetic":
         try:
@@ -57,7 +56,7 @@ def describe_dataset(train: Split, val: Split) -> str:
     return f"dataset: {train.origin if isinstance(train, FolderSplit) else 'tar shards'}, {counts}"
 
 
-def dataset_size(name: str, synthetic: SyntheticSpec) -> tuple[int, int, int]:
+def dataset_size(name: str, synthetic: SyntheticConfig) -> tuple[int, int, int]:
     """Classes, training and validation images of `name` ("synthetic" or "imagenet"), without reading it."""
     if name == "imagenet":
         return 1000, IMAGENET_TRAIN_IMAGES, IMAGENET_EVAL_IMAGES

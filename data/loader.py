@@ -26,6 +26,7 @@ from torch.utils.data import BatchSampler, DataLoader, Dataset, get_worker_info
 from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter
 
 from data import jpeg
+from data.config import CORRUPT_POLICIES
 from data.device_decode import decode_crops
 from data.sampler import ShardedSampler
 from data.split import DatasetError, Split
@@ -35,8 +36,6 @@ log = logging.getLogger(__name__)
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 T = TypeVar("T")
-CORRUPT_POLICIES = ("skip", "fail")
-DECODERS = ("cpu", "gpu")  # data.decode: the fused decoder in the workers, or the training device
 REPLACEMENT_TRIES = 10
 WORKER_TIMEOUT_S = 600  # a worker that sends nothing for this long is an error, not a hang
 WORKER_EXIT_S = 5.0  # a worker told to stop that has not exited after this long is killed

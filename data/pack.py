@@ -29,7 +29,7 @@ import numpy as np
 from tqdm import tqdm
 
 from data.devkit import val_wnids
-from data.shards import (
+from data.shard_format import (
     DEFAULT_SHARD_SIZE,
     FORMAT,
     MANIFEST,

@@ -21,7 +21,7 @@ import json
 import math
 import os
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from functools import partial
 from pathlib import Path
 from statistics import NormalDist
@@ -30,6 +30,7 @@ from typing import NamedTuple
 import numpy as np
 from PIL import Image, ImageChops, ImageDraw, ImageFilter
 
+from data.config import SyntheticConfig
 from data.staging import build_atomically
 
 GENERATOR_VERSION = 1  # bump whenever the images change, so that cached datasets are regenerated
@@ -46,7 +47,6 @@ HUES = {  # name -> hue in [0, 1)
     "pink": 0.89,
 }
 TEXTURES = ("plain", "striped", "dotted", "checked")
-MAX_CLASSES = len(SHAPES) * len(HUES) * len(TEXTURES)
 ASPECT_RATIOS = (4 / 3, 3 / 4, 3 / 2, 1.0, 16 / 9, 2 / 3)  # width / height, with ImageNet-like frequencies
 ASPECT_WEIGHTS = (0.45, 0.2, 0.15, 0.1, 0.05, 0.05)
 MARKER = "spec.json"
@@ -54,26 +54,12 @@ CACHE_ENV = "RN50PERF_CACHE"  # where generated sets live (default ~/.cache/rn50
 SYNSET_MAPPING = "LOC_synset_mapping.txt"
 
 
-@dataclass(frozen=True)
-class SyntheticSpec:
-    classes: int = 10
-    train_per_class: int = 100
-    val_per_class: int = 50
-    seed: int = 0
-
-    def __post_init__(self) -> None:
-        if not 1 <= self.classes <= MAX_CLASSES:
-            raise ValueError(f"synthetic classes must be in [1, {MAX_CLASSES}], got {self.classes}")
-        if self.train_per_class < 1 or self.val_per_class < 1:
-            raise ValueError("synthetic train_per_class and val_per_class must be at least 1")
-
-
-def class_names(spec: SyntheticSpec) -> list[str]:
+def class_names(spec: SyntheticConfig) -> list[str]:
     """ImageNet-style wnids, sorted in class-index order."""
     return [f"n09{index:06d}" for index in range(spec.classes)]
 
 
-def class_descriptions(spec: SyntheticSpec) -> list[str]:
+def class_descriptions(spec: SyntheticConfig) -> list[str]:
     """What each class looks like, e.g. "striped red circle", in class-index order."""
     hue_names = list(HUES)
     return [f"{TEXTURES[t]} {hue_names[h]} {SHAPES[s]}" for s, h, t in _class_factors()[: spec.classes]]
@@ -84,12 +70,12 @@ def cache_root() -> Path:
     return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "rn50perf")
 
 
-def default_root(spec: SyntheticSpec) -> Path:
+def default_root(spec: SyntheticConfig) -> Path:
     """``cache_root()`` / ``synthetic-<hash of the spec>``."""
     return cache_root() / f"synthetic-{hashlib.sha256(_spec_json(spec).encode()).hexdigest()[:12]}"
 
 
-def ensure_dataset(root: Path, spec: SyntheticSpec, workers: int = 0) -> Path:
+def ensure_dataset(root: Path, spec: SyntheticConfig, workers: int = 0) -> Path:
     """Return ``root`` holding the dataset of ``spec``, generating it first unless it is already complete.
 
     Generation happens in a sibling directory that is renamed into place when done, so an interrupted run
@@ -108,11 +94,11 @@ def ensure_dataset(root: Path, spec: SyntheticSpec, workers: int = 0) -> Path:
     return root
 
 
-def _spec_json(spec: SyntheticSpec) -> str:
+def _spec_json(spec: SyntheticConfig) -> str:
     return json.dumps({"generator_version": GENERATOR_VERSION, **asdict(spec)}, sort_keys=True)
 
 
-def _is_complete(root: Path, spec: SyntheticSpec) -> bool:
+def _is_complete(root: Path, spec: SyntheticConfig) -> bool:
     marker = root / MARKER
     return marker.is_file() and marker.read_text() == _spec_json(spec)
 
@@ -130,7 +116,7 @@ class _ImageJob(NamedTuple):
     index_in_class: int
 
 
-def _generate(directory: Path, spec: SyntheticSpec, workers: int) -> None:
+def _generate(directory: Path, spec: SyntheticConfig, workers: int) -> None:
     names = class_names(spec)
     jobs = []
     for split, per_class in zip(SPLITS, (spec.train_per_class, spec.val_per_class), strict=True):

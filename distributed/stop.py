@@ -19,12 +19,12 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import rundir
 from distributed.group import max_over_ranks
 from distributed.topology import Topology
 from mlperf_logs.progress import say
 
 SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
-RESUME_SCRIPT = "resume.sh"
 
 _received = 0  # the first stop signal this process received, 0 for none
 _owner = 0  # the process that installed the handlers: forked children inherit them
@@ -97,7 +97,7 @@ def shell_line(command: Sequence[str], env: Mapping[str, str]) -> str:
 def write_resume_script(out_dir: Path, command: Sequence[str], env: Mapping[str, str], why: str) -> Path:
     """`resume.sh` in the run directory: `command` with `env`, run from the directory the run was started in."""
     exports = "".join(f"export {name}={shlex.quote(value)}\n" for name, value in env.items())
-    script = out_dir / RESUME_SCRIPT
+    script = out_dir / rundir.RESUME_SCRIPT
     script.write_text(f"#!/bin/sh\n# {why}\n{exports}cd {shlex.quote(os.getcwd())}\nexec {shlex.join(command)}\n")
     script.chmod(0o755)
     return script

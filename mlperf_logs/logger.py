@@ -10,6 +10,8 @@ from typing import Any
 
 from mlperf_logging.mllog import constants, mllog
 
+import rundir
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 # A resumed run says so in its log. MLPerf's training rules (training_rules.adoc, "Run Results") time a run over
 # one contiguous period and say "The clock may not be paused during the run": a resumed log keeps its run_start,
@@ -75,10 +77,10 @@ def _file_logger(path: Path) -> logging.Logger:
 
 
 def keep_attempt(path: Path) -> Path:
-    """A copy of the log as a stopped attempt left it (`mlperf.attempt1.log`, then 2, ...), before a resumed run
-    cuts it back to its checkpoint."""
+    """A copy of the log as a stopped attempt left it (`mlperf.attempt1.log`, then 2, ...: rundir.attempt_log),
+    before a resumed run cuts it back to its checkpoint."""
     attempt = 1
-    while (kept := path.with_name(f"{path.stem}.attempt{attempt}{path.suffix}")).exists():
+    while (kept := rundir.attempt_log(path, attempt)).exists():
         attempt += 1
     kept.write_bytes(path.read_bytes())
     return kept

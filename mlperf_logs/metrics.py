@@ -14,8 +14,6 @@ from torch.utils.tensorboard import SummaryWriter
 
 from mlperf_logs.logger import truncate_to
 
-TENSORBOARD = "tensorboard"  # the event files' folder in the run directory
-
 
 @dataclass(kw_only=True)  # by keyword: two floats side by side (lr, loss) are easy to swap
 class EpochMetrics:

@@ -35,6 +35,7 @@ from mlperf_logging.benchmark_meta import get_result_file_counts
 from mlperf_logging.compliance_checker import mlp_parser
 from mlperf_logging.system_desc_checker import system_desc_checker
 
+import rundir
 from mlperf_logs import rcp
 from mlperf_logs.compliance import RULESET, USAGE, complaints, root_handlers
 from mlperf_logs.rcp import BENCHMARK
@@ -142,7 +143,7 @@ def read_runs(directories: list[Path]) -> list[Run]:
 
 def read_run(directory: Path) -> Run:
     config = read_config(directory)
-    log = directory / config.get("mlperf", {}).get("log_file", "mlperf.log")
+    log = rundir.mlperf_log(directory)  # the name mlperf.log_file gave it, recorded in config.yaml
     if not log.is_file():
         raise Refusal(f"{directory}: no {log.name} (not a run directory, or the run never started)")
     lines, errors = mlp_parser.parse_file(str(log), ruleset=RULESET)
@@ -170,11 +171,10 @@ def read_run(directory: Path) -> Run:
 
 def read_config(directory: Path) -> dict[str, Any]:
     """The run's resolved config.yaml; empty when the directory has none."""
-    path = directory / "config.yaml"
     try:
-        return (yaml.safe_load(path.read_text()) or {}) if path.is_file() else {}
+        return rundir.recorded_config(directory)
     except yaml.YAMLError as err:
-        raise Refusal(f"{directory}: config.yaml is not readable YAML ({err})") from err
+        raise Refusal(f"{directory}: {rundir.CONFIG} is not readable YAML ({err})") from err
 
 
 def check_seeds(runs: list[Run]) -> None:

@@ -16,31 +16,30 @@ from tqdm import tqdm
 from mlperf_logs.metrics import EpochMetrics
 
 REFRESH_STEPS = 5  # reading the loss is a host sync, so the display refreshes every few steps
-PROGRESS_MODES = ("auto", "bar", "lines", "none")  # auto: a bar on a terminal, lines otherwise
-JOB_LOG = logging.getLogger("rn50perf.run")  # what `say` shows, kept in Hydra's job log file (train.log)
-JOB_LOG.propagate = False  # the terminal gets the line from print, bare
-JOB_LOG.setLevel(logging.INFO)
-JOB_LOG.addHandler(logging.NullHandler())  # no job log (hydra/job_logging=disabled): nothing, not stderr
+JOB_LOGGER = logging.getLogger("rn50perf.run")  # what `say` shows, kept in Hydra's job log (rundir.JOB_LOG)
+JOB_LOGGER.propagate = False  # the terminal gets the line from print, bare
+JOB_LOGGER.setLevel(logging.INFO)
+JOB_LOGGER.addHandler(logging.NullHandler())  # no job log (hydra/job_logging=disabled): nothing, not stderr
 
 
 def say(line: str, error: bool = False) -> None:
     """Show a line of the run's story on stdout (stderr for an error) and keep it in the job log."""
     print(line, file=sys.stderr if error else sys.stdout, flush=True)
-    JOB_LOG.log(logging.ERROR if error else logging.INFO, line)
+    JOB_LOGGER.log(logging.ERROR if error else logging.INFO, line)
 
 
 @contextmanager
 def job_log() -> Iterator[None]:
     """For one Hydra job: what `say` shows goes to the job's log file(s) too, the root logger's file handlers,
-    which Hydra's job logging opens in the run directory (train.log)."""
+    which Hydra's job logging opens in the run directory (rundir.JOB_LOG, train.log)."""
     files = [handler for handler in logging.getLogger().handlers if isinstance(handler, logging.FileHandler)]
     for handler in files:
-        JOB_LOG.addHandler(handler)
+        JOB_LOGGER.addHandler(handler)
     try:
         yield
     finally:
         for handler in files:
-            JOB_LOG.removeHandler(handler)
+            JOB_LOGGER.removeHandler(handler)
 
 
 class Progress:

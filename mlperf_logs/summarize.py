@@ -4,8 +4,9 @@
 
 Each row names the overrides that differ between the runs (from the run's `.hydra/overrides.yaml`; a run
 without one contributes its logged hyperparameters under their MLPerf names), the seed, the status, epochs to
-target, time-to-train and training throughput, all read from the run's own mlperf.log. A damaged log is listed
-as `incomplete`, a log the compliance checker rejects as `fails checker`: no log is left out.
+target, time-to-train and training throughput, all read from the run's own MLPerf log (mlperf.log, or the name
+its mlperf.log_file gave it: rundir.mlperf_log). A damaged log is listed as `incomplete`, a log the compliance
+checker rejects as `fails checker`: no log is left out.
 """
 
 from __future__ import annotations
@@ -32,9 +33,9 @@ from mlperf_logging.compliance_checker.mlp_parser.ruleset_400 import TOKEN, LogL
 from mlperf_logging.mllog import constants
 from omegaconf import OmegaConf
 
+import rundir
 from mlperf_logs.compliance import complaints
 
-LOG_NAME = "mlperf.log"
 TARGET = 0.759  # the closed division's ResNet top-1 target, drawn on the accuracy plot
 SUCCESS, ABORTED, INCOMPLETE, FAILS_CHECKER = "success", "aborted", "incomplete", "fails checker"
 STATUS_STYLE = {  # marker and colour per status on the sweep plots
@@ -69,14 +70,14 @@ class Run:
 
 
 def find_logs(directories: Sequence[Path]) -> list[Path]:
-    """Every mlperf.log under each directory, in natural order (sweep job 10 after job 9)."""
+    """The MLPerf log of each run directory at or under `directories`, in natural order (sweep job 10 after 9)."""
     logs = []
     for directory in directories:
         if not directory.is_dir():
             raise UsageError(f"{directory}: {'not a directory' if directory.exists() else 'no such directory'}")
-        found = sorted(directory.rglob(LOG_NAME), key=natural_key)
+        found = sorted(map(rundir.mlperf_log, rundir.find_run_dirs(directory)), key=natural_key)
         if not found:
-            raise UsageError(f"{directory}: holds no {LOG_NAME}")
+            raise UsageError(f"{directory}: holds no {rundir.MLPERF_LOG}")
         logs += found
     return logs
 
@@ -134,7 +135,7 @@ def run_settings(directory: Path, lines: list[LogLine]) -> dict[str, str]:
 
 
 def overrides_file(directory: Path) -> Path:
-    return directory / ".hydra" / "overrides.yaml"
+    return directory / rundir.OVERRIDES
 
 
 def summarize_run(path: Path) -> Run:

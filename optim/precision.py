@@ -38,33 +38,16 @@ import torch
 from torch import nn
 from torch.func import functional_call
 
+from optim.config import COMPUTE_DTYPES, PrecisionConfig
 from optim.stochastic_rounding import round_stochastic
 
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-LOSS_SCALING = ("none", "static", "dynamic")
-EMULATE = ("auto", "always", "never")
+DTYPES = dict(zip(COMPUTE_DTYPES, (torch.float32, torch.bfloat16, torch.float16), strict=True))
 LOW_PRECISION_LAYERS = (nn.Conv2d, nn.Linear)  # the layers whose weights have 16-bit compute copies and masters
 ROUNDED_LAYERS = (nn.Conv2d, nn.Linear, nn.BatchNorm2d, nn.ReLU, nn.MaxPool2d, nn.AdaptiveAvgPool2d)
 
 
 class NonFiniteLoss(RuntimeError):
     """The loss or its gradients stayed non-finite: loss scaling skipped too many updates in a row."""
-
-
-@dataclass
-class PrecisionConfig:
-    """The precision config group (configs/precision/<name>.yaml), as the schema composes it."""
-
-    name: str = "fp32"  # the policy's name in logs and tables
-    compute: str = "fp32"  # activations and compute copies of the weights: a name in DTYPES
-    master: str = "fp32"  # the weights the optimizer updates: fp32, or the compute dtype (16-bit masters)
-    stochastic_rounding: bool = True  # how 16-bit masters are rounded after an update (false: to nearest)
-    loss_scaling: str = "none"  # one of LOSS_SCALING
-    init_scale: float = 2.0**15
-    growth_interval: int = 2000  # dynamic: good updates before the scale doubles
-    # 16-bit compute in fp32 arithmetic rounded per layer: auto (fp16 on the CPU, bf16 on a CPU without native
-    # bf16) | always | never
-    emulate: str = "auto"
 
 
 @dataclass

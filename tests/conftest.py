@@ -17,9 +17,11 @@ from hydra.errors import HydraException
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+import rundir
 from assemble import open_splits
+from configs.checks import ConfigError
 from configs.errors import describe
-from configs.schema import Config, ConfigError, register, validate
+from configs.schema import Config, register, validate
 from data.split import Split
 from data.synthetic import CACHE_ENV
 from distributed import Topology
@@ -142,34 +144,34 @@ def tensorboard_scalars(run_dir: Path) -> dict[str, list[tuple[int, float]]]:
     a stopped run wrote after its checkpoint are gone once it resumed."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    events = EventAccumulator(str(run_dir / "tensorboard"))
+    events = EventAccumulator(str(run_dir / rundir.TENSORBOARD))
     events.Reload()
     return {tag: [(e.step, e.value) for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
 
 
 def assert_same_run(expected: Path, actual: Path) -> None:
     """The same final weights, evaluations and per-epoch losses and learning rates; one run_start in the log."""
-    weights = torch.load(expected / "model.pt", weights_only=True), torch.load(actual / "model.pt", weights_only=True)
+    weights = tuple(torch.load(run / rundir.FINAL_WEIGHTS, weights_only=True) for run in (expected, actual))
     assert weights[0].keys() == weights[1].keys()
     for name in weights[0]:
         assert torch.equal(weights[0][name], weights[1][name]), name
 
     def accuracies(run: Path) -> list[float]:
-        return [e["value"] for e in mllog_events(run / "mlperf.log") if e["key"] == "eval_accuracy"]
+        return [e["value"] for e in mllog_events(rundir.mlperf_log(run)) if e["key"] == "eval_accuracy"]
 
     def losses_and_rates(run: Path) -> list[tuple[str, ...]]:
-        rows = list(csv.DictReader((run / "metrics.csv").open()))
+        rows = list(csv.DictReader((run / rundir.METRICS).open()))
         return [(row["epoch"], row["step"], row["lr"], row["train_loss"]) for row in rows]
 
     assert accuracies(actual) == accuracies(expected)
     assert losses_and_rates(actual) == losses_and_rates(expected)  # none twice, none lost
     assert tensorboard_scalars(actual)["train/loss"] == tensorboard_scalars(expected)["train/loss"]
-    assert [e["key"] for e in mllog_events(actual / "mlperf.log")].count("run_start") == 1
+    assert [e["key"] for e in mllog_events(rundir.mlperf_log(actual))].count("run_start") == 1
 
 
 def time_to_train_min(run_dir: Path) -> tuple[str, float]:
     """A run's status and its time to train in minutes, from its MLPerf log."""
-    events = {e["key"]: e for e in mllog_events(run_dir / "mlperf.log")}
+    events = {e["key"]: e for e in mllog_events(rundir.mlperf_log(run_dir))}
     stop, start = events["run_stop"], events["run_start"]
     return stop["metadata"]["status"], (stop["time_ms"] - start["time_ms"]) / 60_000
 

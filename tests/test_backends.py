@@ -11,7 +11,8 @@ import backends
 from backends.graphs import why_not_captured
 from backends.ipu_sim.backend import IpuSimBackend
 from backends.native import NativeBackend, norm_layer, settings
-from configs.schema import DEVICES, Config, ConfigError, batch_shape
+from configs.checks import ConfigError
+from configs.schema import DEVICES, Config, batch_shape
 from distributed import Topology
 from distributed.batchnorm import DistributedBatchNorm2d
 from optim.lars import LARS

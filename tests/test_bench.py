@@ -11,9 +11,9 @@ import pytest
 from bench import loader
 from bench.loader import generate_photos, write_dali_indexes
 from bench.precision import curves
+from data.config import SyntheticConfig
 from data.datasets import open_dataset
 from data.pack import ensure_shards
-from data.synthetic import SyntheticSpec
 
 REPO = Path(__file__).resolve().parent.parent
 LOADER = ["--images", "8", "--seconds", "0.05", "--rounds", "1", "--workers", "1", "--shard-size", "200KB"]
@@ -60,7 +60,7 @@ def test_loader_bench_writes_the_dali_index_that_dalis_own_tool_writes(tmp_path)
     import wds2idx  # installed with DALI
 
     generate_photos(tmp_path / "photos", 6)
-    train, val = open_dataset("imagenet", str(tmp_path / "photos"), SyntheticSpec())
+    train, val = open_dataset("imagenet", str(tmp_path / "photos"), SyntheticConfig())
     shards, _ = ensure_shards(train, val, tmp_path / "shards", shard_size=200_000)
     ours = write_dali_indexes(shards, tmp_path / "index")
     assert len(ours) == len(shards.files) > 1

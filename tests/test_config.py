@@ -4,11 +4,18 @@ The messages are checked in process, through the calls train.py makes (Hydra's c
 configs.errors.describe); two runs of train.py check the line and the exit status, for a mistake Hydra finds while
 composing and for one the schema finds."""
 
-import pytest
+import dataclasses
+import subprocess
+import sys
+from pathlib import Path
 
-from configs.schema import Config, ConfigError, validate
+import pytest
+import yaml
+
+from configs.checks import ConfigError
+from configs.schema import Config, validate
 from data.split import DatasetError
-from tests.conftest import config_error, configured_dataset, run_train
+from tests.conftest import REPO, config_error, configured_dataset, run_train
 
 
 @pytest.mark.parametrize(
@@ -125,3 +132,60 @@ def test_synthetic_set_is_generated_into_a_new_root(tmp_path):
     cfg = Config()
     cfg.data.root = str(tmp_path / "not-yet-there")
     validate(cfg)
+
+
+def test_the_schema_composes_config_modules_and_imports_no_implementation():
+    """Importing configs.schema loads each component's config module (data/config.py, optim/config.py, ...), which
+    import no loader, model or torch: the configuration sits under the code it configures, not on top of it."""
+    probe = "import sys, configs.schema; print(' '.join(sorted(sys.modules)))"
+    loaded = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, check=True)
+    project = {"configs", "data", "optim", "mlperf_logs", "backends", "models", "distributed", "rundir", "torch"}
+    ours = {name for name in loaded.stdout.split() if name.split(".")[0] in project}
+    modules = {name for name in ours if "." in name}
+    assert modules == {
+        "configs.checks",
+        "configs.hardware",
+        "configs.schema",
+        "data.config",
+        "mlperf_logs.config",
+        "optim.config",
+    }
+    assert ours - modules <= {"configs", "data", "mlperf_logs", "optim", "rundir"}  # packages with no imports
+
+
+def flatten(mapping: dict, prefix: str = "") -> dict[str, object]:
+    """A nested mapping's values by dotted key."""
+    flat: dict[str, object] = {}
+    for key, value in mapping.items():
+        if isinstance(value, dict):
+            flat |= flatten(value, f"{prefix}{key}.")
+        else:
+            flat[prefix + key] = value
+    return flat
+
+
+def option_values(path: Path, group: str) -> dict[str, object]:
+    """What a group option's YAML sets, as dotted keys (from the root for a `@package _global_` file)."""
+    text = path.read_text()
+    values = yaml.safe_load(text) or {}
+    values.pop("defaults", None)
+    return flatten(values, "" if text.startswith("# @package _global_") else f"{group}.")
+
+
+GROUPS = ("model", "data", "optim", "precision", "device", "dist", "mlperf")
+
+
+@pytest.mark.parametrize("group", GROUPS)
+def test_each_default_is_given_once_by_the_schema_and_no_option_restates_it(group):
+    """The rule (docs/architecture.md): a key's default is its dataclass's; a YAML option sets only what makes it
+    that option, and the group's default option sets nothing. Before, the YAML won silently where they disagreed
+    (optim.base_lr 10.0 in the schema, 4.0 in optim/lars.yaml; device.channels_last False and true)."""
+    defaults = flatten(dataclasses.asdict(Config()))
+    composition = yaml.safe_load((REPO / "configs/config.yaml").read_text())["defaults"]
+    chosen = {name: option for item in composition if isinstance(item, dict) for name, option in item.items()}
+    for path in sorted((REPO / "configs" / group).glob("*.yaml")):
+        values = option_values(path, group)
+        restated = {key: value for key, value in values.items() if key in defaults and defaults[key] == value}
+        assert restated == {}, f"{path.name} gives the schema's defaults again"
+        if path.stem == chosen[group]:
+            assert values == {}, f"{path.name} is {group}'s default option: the schema gives its values"

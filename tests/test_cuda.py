@@ -20,7 +20,8 @@ import distributed
 from assemble import make_loader
 from backends import checkpoint, select_device
 from backends.native import NativeBackend
-from configs.schema import Config, ConfigError, DeviceConfig
+from configs.checks import ConfigError
+from configs.schema import Config, DeviceConfig
 from data.device_decode import decode_crops
 from data.folder import find_classes, open_split
 from data.split import Split

@@ -17,7 +17,8 @@ import yaml
 
 import distributed
 from backends.native import NativeBackend
-from configs.schema import Config, ConfigError, validate
+from configs.checks import ConfigError
+from configs.schema import Config, validate
 from distributed.topology import LaunchError, Topology, first_host, from_environment
 from models import batchnorm, build_resnet50
 from tests.conftest import (

@@ -15,7 +15,7 @@ import pytest
 from bench.gpu import check, pipeline, report
 from bench.gpu import train as gpu_train
 from bench.gpu.check import Stage
-from configs.schema import SPEED_OPTIONS
+from bench.gpu.step import SPEED_OPTIONS
 from tests.conftest import composed
 
 REPO = Path(__file__).resolve().parent.parent

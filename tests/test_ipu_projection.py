@@ -14,7 +14,8 @@ from backends.ipu_sim.backend import IpuSimBackend
 from backends.ipu_sim.calibrate import POD64
 from backends.ipu_sim.clock import DeviceClock
 from backends.ipu_sim.uncertainty import ASSUMPTIONS
-from configs.schema import Config, ConfigError, validate
+from configs.checks import ConfigError
+from configs.schema import Config, validate
 from mlperf_logs.logger import MLPerfLogger
 from tests.conftest import assert_compliant, mllog_events, record_margin, run_train
 from tests.systems import system

@@ -10,7 +10,8 @@ from torch import nn
 
 from backends.ipu_sim.backend import IpuSimBackend
 from backends.native import NativeBackend
-from configs.schema import Config, ConfigError, validate
+from configs.checks import ConfigError
+from configs.schema import Config, validate
 from distributed.batchnorm import DistributedBatchNorm2d
 from optim.precision import Policy
 from tests.ranks import run_ranks

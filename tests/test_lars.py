@@ -5,8 +5,8 @@ import pytest
 import torch
 import torchvision
 
-from optim import build_optimizer
 from optim.lars import LARS
+from optim.optimizers import build_optimizer
 from optim.params import is_skipped, param_groups
 from optim.schedule import Schedule
 

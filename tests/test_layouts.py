@@ -12,10 +12,11 @@ from pathlib import Path
 import pytest
 
 from data import folder
+from data.config import SyntheticConfig
 from data.datasets import describe_dataset, open_dataset
 from data.devkit import write_devkit
 from data.split import DatasetError, Split
-from data.synthetic import CACHE_ENV, SyntheticSpec
+from data.synthetic import CACHE_ENV
 from tests.conftest import configured_dataset
 from tests.jpeg_samples import jpeg
 
@@ -97,7 +98,7 @@ def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def imagenet(root: Path) -> tuple[Split, Split]:
-    return open_dataset("imagenet", str(root), SyntheticSpec())
+    return open_dataset("imagenet", str(root), SyntheticConfig())
 
 
 @pytest.mark.parametrize(

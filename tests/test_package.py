@@ -120,6 +120,18 @@ def test_refuses_a_run_directory_without_mlperf_log(runs, tmp_path, capsys):
     assert not out.exists()
 
 
+def test_a_run_is_read_from_the_log_its_config_names(real_run, tmp_path):
+    """A run started with mlperf.log_file=named.log (its config.yaml records it): its log is that file, as
+    mlperf_logs.summarize finds it too (rundir.mlperf_log)."""
+    directory = tmp_path / "named"
+    shutil.copytree(real_run, directory)
+    (directory / "mlperf.log").rename(directory / "named.log")
+    config = yaml.safe_load((directory / "config.yaml").read_text())
+    config["mlperf"]["log_file"] = "named.log"
+    (directory / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+    assert package.read_run(directory).log == directory / "named.log"
+
+
 def test_refuses_to_overwrite_a_result(runs, tmp_path, capsys):
     results = tmp_path / "out" / ORG / "results" / SYSTEM / "resnet"
     results.mkdir(parents=True)

@@ -25,9 +25,11 @@ import torch
 import torchvision
 import yaml
 
+import rundir
 from backends import checkpoint
 from backends.checkpoint import CheckpointError
-from configs.schema import ConfigError, training_fingerprint
+from configs.checks import ConfigError
+from configs.schema import training_fingerprint
 from optim.precision import emulates
 from tests.conftest import (
     ALL_EPOCHS,
@@ -54,6 +56,7 @@ TWO_EPOCHS = (*TINY_RUN, "run.max_epochs=2", *ALL_EPOCHS)
 ONE_STEP_EPOCHS = (*TWO_EPOCHS, "data.global_batch=64", "optim=sgd")
 # The smoke task's three epochs of 16 steps, for the randomised stops (slow).
 RESUME_RUN = ("experiment=smoke", "run.max_epochs=3", *ALL_EPOCHS)
+CHECKER_LOG = "compliance_checker.log"  # the checker's own, in the directory it runs in (conftest.assert_read_whole)
 
 
 @pytest.fixture(scope="module")
@@ -86,9 +89,17 @@ def assert_tensorboard_matches_metrics(run_dir: Path) -> None:
         assert all(0 <= share <= 1 for share in split) and sum(split) == pytest.approx(1, abs=1e-6)
 
 
+def assert_rundir_names_each_entry(run_dir: Path, *others: str) -> None:
+    """Every file and folder in the run directory is one that rundir names (the modules that write take the names
+    from there), or one of `others`, which a test's tools left there."""
+    unnamed = [path.name for path in run_dir.iterdir() if not rundir.written_by_run(path.name)]
+    assert sorted(set(unnamed) - set(others)) == []
+
+
 def assert_a_whole_run(run_dir: Path, optimizer: str) -> None:
     """What a run that ended leaves: its epoch lines with the data wait, a log naming the optimizer and the real
-    call site, the config, metrics and plot, weights that torchvision's ResNet-50 loads, TensorBoard's scalars."""
+    call site, the config, metrics and plot, weights that torchvision's ResNet-50 loads, TensorBoard's scalars, and
+    nothing that rundir does not name."""
     epoch_line = next(line for line in (run_dir / "train.log").read_text().splitlines() if "- epoch " in line)
     assert "data wait" in epoch_line
     events = mllog_events(run_dir / "mlperf.log")
@@ -100,6 +111,7 @@ def assert_a_whole_run(run_dir: Path, optimizer: str) -> None:
     weights = torch.load(run_dir / "model.pt", weights_only=True)
     torchvision.models.resnet50(num_classes=4).load_state_dict(weights)
     assert_tensorboard_matches_metrics(run_dir)
+    assert_rundir_names_each_entry(run_dir)
 
 
 @pytest.mark.parametrize(("recipe", "optimizer"), [(TWO_EPOCHS, "lars"), (ONE_STEP_EPOCHS, "sgd")], ids=["lars", "sgd"])
@@ -306,6 +318,7 @@ def test_a_run_with_workers_stopped_twice_resumes_to_the_same_run_and_leaves_wha
         assert mllog_events(tmp_path / attempt)[-1]["metadata"]["status"] == "aborted"
 
     assert not (tmp_path / "resume.sh").exists() and not (tmp_path / "checkpoint.pt").exists()
+    assert_rundir_names_each_entry(tmp_path, CHECKER_LOG)  # the attempts' logs too
     shown = [
         line
         for line in (first.output + second.output + resumed.stdout).splitlines()
@@ -329,7 +342,7 @@ def test_a_run_with_workers_stops_at_any_point_within_seconds_and_resumes_to_the
     the signal, its log ended and its checkpoint loadable; the resumed run ends with the weights of a run that was
     never stopped (and that had no workers: the batches are the same)."""
     rng = random.Random(26)
-    log, temporary = tmp_path / "mlperf.log", tmp_path / ".checkpoint.pt.tmp"
+    log, temporary = tmp_path / "mlperf.log", rundir.temporary(tmp_path / rundir.CHECKPOINT)
     started = [0.0]
 
     def after(marker: str, seconds: float) -> Callable[[str], bool]:

@@ -20,14 +20,15 @@ import pytest
 import torch
 import webdataset
 
+from data.config import SyntheticConfig
 from data.datasets import open_dataset
 from data.devkit import write_devkit
 from data.loader import Crops, build_loader
 from data.pack import ensure_shards, open_archives, pack
 from data.sampler import ShardedSampler
-from data.shards import ShardSplit, main, open_shards
+from data.shard_format import ShardSplit, open_shards
+from data.shards import main
 from data.split import DatasetError, Split
-from data.synthetic import SyntheticSpec
 from tests.conftest import ALL_EPOCHS, REPO, run_train
 from tests.jpeg_samples import jpeg, png
 
@@ -55,7 +56,7 @@ def tree(tmp_path: Path) -> Path:
 
 
 def folder_splits(root: Path) -> dict[str, Split]:
-    train, val = open_dataset("imagenet", str(root), SyntheticSpec())
+    train, val = open_dataset("imagenet", str(root), SyntheticConfig())
     return {"train": train, "val": val}
 
 

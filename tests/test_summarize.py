@@ -1,5 +1,5 @@
 """`python -m mlperf_logs.summarize`: a real 2 learning rates x 2 seeds sweep (conftest.TINY_SWEEP), summarised,
-then damaged copies."""
+then damaged copies; a real run whose log has a name of its own (mlperf.log_file)."""
 
 from __future__ import annotations
 
@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
+import rundir
 from mlperf_logs import summarize
-from tests.conftest import REPO, mllog_events, promoted
+from tests.conftest import ALL_EPOCHS, REPO, TINY_RUN, mllog_events, promoted, run_train
 
 SUMMARIZE = [sys.executable, "-m", "mlperf_logs.summarize"]
 Edit = Callable[[list[str]], list[str]]
@@ -119,6 +120,25 @@ def test_damaged_logs_are_listed_as_incomplete_or_failing_never_dropped(sweep, t
     assert all(rows[copy.name]["optim.base_lr"] == "2" for copy in damaged.iterdir())  # still in the sweep's columns
     for plot in figures["plots"]:
         assert Path(plot).read_bytes()[:4] == b"\x89PNG"
+
+
+def test_a_run_whose_log_has_a_name_of_its_own_is_found_and_summarised(cache_dir, tmp_path, capsys):
+    """mlperf.log_file=named.log: the run's directory holds named.log and no mlperf.log, and summarising the folder
+    above it finds the run through its config.yaml (rundir.mlperf_log) and reads that log. Every name in the
+    directory is one that rundir declares."""
+    runs = tmp_path / "runs"
+    overrides = (*TINY_RUN, "run.max_epochs=1", *ALL_EPOCHS, "mlperf.log_file=named.log", "run.progress=none")
+    run_train(*overrides, f"hydra.run.dir={runs / 'named'}", cache=cache_dir, check=True)
+    log = runs / "named" / "named.log"
+    assert rundir.mlperf_log(runs / "named") == log and not (runs / "named" / rundir.MLPERF_LOG).exists()
+    assert [p.name for p in (runs / "named").iterdir() if not rundir.written_by_run(p.name, log.name)] == []
+
+    csv_path = tmp_path / "table.csv"
+    assert summarize.main([str(runs), "--csv", str(csv_path), "--plots", str(tmp_path / "plots")]) == 0
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["runs"] == 1
+    (row,) = read_csv(csv_path)
+    assert row["run_dir"] == str(runs / "named")
+    assert {key: row[key] for key in expected_row(log)} == expected_row(log)
 
 
 def test_a_missing_directory_exits_2(tmp_path):

@@ -9,11 +9,13 @@ import numpy as np
 import pytest
 from PIL import Image, JpegImagePlugin
 
+from configs.checks import ConfigError
 from data import synthetic
-from data.synthetic import SyntheticSpec, class_descriptions, class_names, default_root, ensure_dataset
+from data.config import MAX_CLASSES, SyntheticConfig, validate_synthetic
+from data.synthetic import class_descriptions, class_names, default_root, ensure_dataset
 
-TINY = SyntheticSpec(classes=4, train_per_class=6, val_per_class=3, seed=0)
-MODERATE = SyntheticSpec(classes=10, train_per_class=20, val_per_class=10, seed=0)
+TINY = SyntheticConfig(classes=4, train_per_class=6, val_per_class=3, seed=0)
+MODERATE = SyntheticConfig(classes=10, train_per_class=20, val_per_class=10, seed=0)
 
 
 def files(root: Path) -> dict[str, bytes]:
@@ -64,7 +66,7 @@ def test_images_are_imagenet_like_jpegs(tiny: Path) -> None:
 def test_generation_is_deterministic_and_seeded(tiny: Path, tmp_path: Path) -> None:
     again = files(ensure_dataset(tmp_path / "again", TINY, workers=1))
     assert again == files(tiny)
-    other_seed = files(ensure_dataset(tmp_path / "other", SyntheticSpec(4, 6, 3, seed=1), workers=1))
+    other_seed = files(ensure_dataset(tmp_path / "other", SyntheticConfig(4, 6, 3, seed=1), workers=1))
     images = [name for name in again if name.endswith(".JPEG")]
     assert all(other_seed[name] != again[name] for name in images)
 
@@ -74,7 +76,7 @@ def test_worker_pool_gives_the_same_bytes(tiny: Path, tmp_path: Path) -> None:
 
 
 def test_an_image_does_not_depend_on_the_others(tiny: Path, tmp_path: Path) -> None:
-    smaller = files(ensure_dataset(tmp_path / "smaller", SyntheticSpec(2, 3, 1, seed=0), workers=1))
+    smaller = files(ensure_dataset(tmp_path / "smaller", SyntheticConfig(2, 3, 1, seed=0), workers=1))
     reference = files(tiny)
     shared = [name for name in smaller if name.endswith(".JPEG")]
     assert len(shared) == 2 * (3 + 1)
@@ -101,7 +103,7 @@ def test_regenerates_an_incomplete_or_outdated_dataset(tiny: Path, tmp_path: Pat
     assert ensure_dataset(root, TINY, workers=1) == root
     assert files(root) == files(tiny)
 
-    other = SyntheticSpec(classes=2, train_per_class=2, val_per_class=1, seed=0)
+    other = SyntheticConfig(classes=2, train_per_class=2, val_per_class=1, seed=0)
     ensure_dataset(root, other, workers=1)
     assert len(list(root.rglob("*.JPEG"))) == 2 * (2 + 1)
     assert [p.name for p in tmp_path.iterdir()] == ["data"]  # no staging directory left behind
@@ -134,16 +136,22 @@ def test_default_root_is_per_spec_under_the_cache(tmp_path: Path, monkeypatch: p
     monkeypatch.setenv("RN50PERF_CACHE", str(tmp_path))
     root = default_root(TINY)
     assert root.parent == tmp_path and root.name.startswith("synthetic-")
-    assert default_root(SyntheticSpec(4, 6, 3, seed=0)) == root
-    assert default_root(SyntheticSpec(4, 6, 3, seed=1)) != root
+    assert default_root(SyntheticConfig(4, 6, 3, seed=0)) == root
+    assert default_root(SyntheticConfig(4, 6, 3, seed=1)) != root
     monkeypatch.delenv("RN50PERF_CACHE")
     assert default_root(TINY) == Path.home() / ".cache" / "rn50perf" / root.name
 
 
-def test_invalid_specs_are_refused() -> None:
-    for bad in ({"classes": 0}, {"classes": synthetic.MAX_CLASSES + 1}, {"train_per_class": 0}):
-        with pytest.raises(ValueError, match="synthetic"):
-            SyntheticSpec(**bad)
+def test_invalid_sets_are_refused_by_the_one_check_of_the_data_section() -> None:
+    for bad in ({"classes": 1}, {"classes": MAX_CLASSES + 1}, {"train_per_class": 0}):
+        with pytest.raises(ConfigError, match=r"^data\.synthetic\."):
+            validate_synthetic(SyntheticConfig(**bad))
+
+
+def test_the_config_knows_how_many_classes_the_generator_can_draw() -> None:
+    """data/config.py states MAX_CLASSES without importing the generator: one class per (shape, hue, texture)."""
+    factors = synthetic._class_factors()
+    assert len(factors) == len(set(factors)) == MAX_CLASSES
 
 
 Features = Callable[[Path], np.ndarray | list[float]]

@@ -14,8 +14,9 @@ from backends.ipu_sim.cost import Constants, Projection, Schedule
 from backends.ipu_sim.memory import OutOfMemory
 from backends.ipu_sim.plan import Layout, Plan, plan_run
 from backends.ipu_sim.uncertainty import Interval
+from configs.checks import ConfigError
 from configs.hardware import System
-from configs.schema import Config, ConfigError, batch_shape
+from configs.schema import Config, batch_shape
 from models import batchnorm, build_resnet50
 
 

@@ -29,8 +29,8 @@ from bench.gpu import step as step_stage
 from bench.gpu.step import CLASSES
 from bench.loader import endless, throughput
 from configs.schema import Config
+from data.config import DECODERS
 from data.datasets import IMAGENET_EVAL_IMAGES, IMAGENET_TRAIN_IMAGES
-from data.loader import DECODERS
 from distributed import Topology
 
 # ImageNet's most common sizes (width x height), with qualities spread over the 75 to 95 its files were saved at.

@@ -9,9 +9,10 @@ import shutil
 import subprocess
 import sys
 
+import rundir
 from bench.gpu import stage
 from data.synthetic import CACHE_ENV
-from mlperf_logs.summarize import LOG_NAME, SUCCESS, summarize_run
+from mlperf_logs.summarize import SUCCESS, summarize_run
 
 
 def run(args: argparse.Namespace, sizes: stage.Sizes) -> stage.Figures:
@@ -24,7 +25,7 @@ def run(args: argparse.Namespace, sizes: stage.Sizes) -> stage.Figures:
     print(finished.stdout[-4000:], finished.stderr[-4000:], sep="\n")
     if finished.returncode != 0:
         raise SystemExit(f"train.py exited {finished.returncode}: {finished.stderr.strip().splitlines()[-1:]}")
-    result = summarize_run(out / LOG_NAME)  # judged by the compliance checker too
+    result = summarize_run(rundir.mlperf_log(out))  # judged by the compliance checker too
     if result.status != SUCCESS:
         raise SystemExit(f"the run's log says {result.status!r}: {result.note}")
     return {

@@ -28,12 +28,13 @@ import sys
 import time
 from pathlib import Path
 
+import rundir
 from bench.gpu import stage
 from bench.gpu import step as step_stage
 from bench.gpu.pipeline import imagenet_like, measured
 from data.synthetic import CACHE_ENV
 from mlperf_logs.metrics import MetricsCSV
-from mlperf_logs.summarize import LOG_NAME, summarize_run
+from mlperf_logs.summarize import summarize_run
 
 REPEAT = {False: 4, True: 1}  # copies of the photo set (full, tiny)
 EPOCHS = {False: 6, True: 3}
@@ -99,8 +100,8 @@ def train_run(args: argparse.Namespace, sizes: stage.Sizes, name: str, extra: li
     print(" ".join(command[1:]), finished.stdout[-3000:], finished.stderr[-3000:], sep="\n", flush=True)
     if finished.returncode != 0:
         raise RuntimeError(f"train.py exited {finished.returncode}: {finished.stderr.strip().splitlines()[-1:]}")
-    rates = epoch_rates(out / "metrics.csv")
-    logged = summarize_run(out / LOG_NAME)
+    rates = epoch_rates(out / rundir.METRICS)
+    logged = summarize_run(rundir.mlperf_log(out))
     return {
         "img_s": round(steady_rate(rates), 1),
         "epoch_img_s": [round(rate, 1) for rate in rates],

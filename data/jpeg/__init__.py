@@ -10,16 +10,14 @@ ValueError.
 
 from __future__ import annotations
 
-import importlib.util
 import operator
-import os
-import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
-from types import ModuleType
-from typing import TYPE_CHECKING
 
 import numpy as np
+
+from data.jpeg import pil
+from data.jpeg.native import _jpeg
 
 Box = tuple[int, int, int, int]
 
@@ -29,34 +27,8 @@ decoding. It is Pillow's: `2 * PIL.Image.MAX_IMAGE_PIXELS`, where Pillow raises 
 
 MAX_SIDE = 65_500  # libjpeg's JPEG_MAX_DIMENSION: no JPEG is taller or wider
 INT_MAX = 2**31 - 1  # crops are C ints
-
-
-def _load_extension() -> ModuleType:
-    """The compiled decoder: `_jpeg` beside this file, or the build at $RN50PERF_JPEG_EXT (the ASan build that
-    `make fuzz-asan` tests), which then is `data.jpeg._jpeg` for every importer."""
-    path = os.environ.get("RN50PERF_JPEG_EXT")
-    if not path:
-        from data.jpeg import _jpeg
-
-        return _jpeg
-    spec = importlib.util.spec_from_file_location(f"{__name__}._jpeg", path)
-    if spec is None or spec.loader is None:
-        raise ImportError(f"RN50PERF_JPEG_EXT={path} is not a loadable extension")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-if TYPE_CHECKING:
-    from data.jpeg import _jpeg  # its interface, for mypy: _jpeg.pyi
-else:
-    _jpeg = _load_extension()
 DecodeError = _jpeg.DecodeError
 corrupt_warnings = _jpeg.corrupt_warnings
-
-from data.jpeg import pil  # noqa: E402 (after the extension, whose DecodeError pil raises)
-
 JPEG_MAGIC = b"\xff\xd8"
 
 

@@ -11,7 +11,7 @@ import io
 import numpy as np
 from PIL import Image
 
-from data.jpeg import _jpeg
+from data.jpeg.native import _jpeg
 
 UNREADABLE = (OSError, SyntaxError, ValueError, Image.DecompressionBombError)
 # What PIL may open: raster formats that datasets hold. PIL would otherwise try every plugin it has, EPS among them

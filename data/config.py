@@ -1,0 +1,89 @@
+"""The data section of a run's configuration: its keys, their defaults and their checks. configs/schema.py
+composes it; the datasets, the loader and the synthetic generator take their choices from here, and this module
+imports none of them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from configs.checks import one_of, positive, require
+
+DATASETS = ("synthetic", "imagenet")
+FORMATS = ("files", "shards")  # a folder tree in any known layout, or indexed tar shards
+CORRUPT_POLICIES = ("skip", "fail")
+DECODERS = ("cpu", "gpu")  # data.decode: the fused decoder in the workers, or the training device
+MAX_CLASSES = 8 * 8 * 4  # the synthetic generator's shapes x hues x textures (data/synthetic.py; a test checks)
+
+
+@dataclass
+class SyntheticConfig:
+    """The embedded synthetic set, as data/synthetic.py generates it (the cache folder's name hashes these)."""
+
+    classes: int = 10
+    train_per_class: int = 100
+    val_per_class: int = 50
+    seed: int = 0
+
+
+@dataclass
+class DataConfig:
+    name: str = "synthetic"  # synthetic | imagenet
+    root: str | None = None  # None: the synthetic set's cache directory
+    # files: a folder tree (torchvision's, Kaggle's or image-net.org's layout, recognised from what is there) |
+    # shards: indexed tar shards written by `python -m data.shards` (root: their folder; synthetic: packed on first use)
+    format: str = "files"
+    image_size: int = 224  # training and evaluation crop, pixels
+    eval_resize: int = 256  # evaluation resizes the short side to this, then centre-crops image_size
+    crop_area_min: float = 0.08  # random-resized crop: smallest fraction of the image area
+    global_batch: int = 256
+    eval_batch: int = 256
+    workers: int | None = None  # loader processes per rank; 0 loads in the training process; null: this rank's
+    # share of the machine's cores, less one for the training process (data.loader.workers_for_cores)
+    corrupt: str = "skip"  # skip: replace an unreadable or corrupt file by another sample, report it once | fail
+    max_pixels: int = 178_956_970  # refuse an image whose header claims more pixels (Pillow's bomb limit)
+    cache_bytes: bool = False  # keep every file's bytes in memory (read once, shared by the workers)
+    # cpu: the fused decoder in the workers | gpu: the workers read the bytes and draw the crops, the training
+    # device decodes (nvJPEG on CUDA; on device=cpu the training process, which is how the tests run it)
+    decode: str = "cpu"
+    synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
+
+
+def validate(data: DataConfig, batch_divisor: int, reads_files: bool = True) -> None:
+    """Raise ConfigError for the first wrong value; the global batch must divide into `batch_divisor` (ranks x
+    gradient accumulation). `reads_files`: the run opens the dataset, so an ImageNet root must exist."""
+    one_of(data.name, "data.name", DATASETS)
+    if data.name == "imagenet" and reads_files:
+        require(data.root is not None, "data.root", "ImageNet needs data.root=/path/to/imagenet")
+        root = Path(str(data.root)).expanduser()
+        require(root.is_dir(), "data.root", f"directory {root} does not exist")
+    require(data.image_size >= 32, "data.image_size", f"must be at least 32 pixels, got {data.image_size}")
+    require(
+        data.eval_resize >= data.image_size,
+        "data.eval_resize",
+        f"must be at least data.image_size ({data.image_size}), got {data.eval_resize}",
+    )
+    require(0 < data.crop_area_min <= 1, "data.crop_area_min", f"must be in (0, 1], got {data.crop_area_min}")
+    positive(data.global_batch, "data.global_batch")
+    require(
+        data.global_batch % batch_divisor == 0,
+        "data.global_batch",
+        f"{data.global_batch} is not divisible by world size x dist.grad_accum = {batch_divisor}",
+    )
+    positive(data.eval_batch, "data.eval_batch")
+    require(
+        data.workers is None or data.workers >= 0, "data.workers", f"must be 0 or more, or null, got {data.workers}"
+    )
+    one_of(data.format, "data.format", FORMATS)
+    one_of(data.corrupt, "data.corrupt", CORRUPT_POLICIES)
+    one_of(data.decode, "data.decode", DECODERS)
+    positive(data.max_pixels, "data.max_pixels")
+    validate_synthetic(data.synthetic)
+
+
+def validate_synthetic(syn: SyntheticConfig) -> None:
+    require(
+        2 <= syn.classes <= MAX_CLASSES, "data.synthetic.classes", f"must be in [2, {MAX_CLASSES}], got {syn.classes}"
+    )
+    positive(syn.train_per_class, "data.synthetic.train_per_class")
+    positive(syn.val_per_class, "data.synthetic.val_per_class")

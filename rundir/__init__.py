@@ -1,0 +1,151 @@
+"""A run's output directory: the name of every file and folder a run writes there, and how a later tool finds them.
+
+A run writes only into its Hydra output directory (hydra.run.dir; in a sweep, hydra.sweep.dir/N), and there only
+rank 0 writes (the ranks agree on the directory: distributed.agree_on_output_dir). Every module that writes or reads
+one of these names takes it from here, so this table is the whole directory:
+
+    name                 what, and when                                          written by (rank 0)
+    .hydra/              config.yaml (unresolved), hydra.yaml, overrides.yaml    Hydra, as the job starts
+                         (the command line's overrides)
+    train.log            what the terminal shows, each attempt's lines appended  Hydra's job logging, `say`
+    mlperf.log           the MLPerf log, init_start to run_stop (named by        mlperf_logs.logger
+                         mlperf.log_file)
+    config.yaml          the resolved configuration, as the run starts           train.py
+    metrics.csv          a row per epoch                                         mlperf_logs.metrics
+    tensorboard/         a point per epoch and scalar (run.tensorboard=true)     mlperf_logs.metrics
+    metrics.png          loss and top-1 by epoch, at the run's end or its stop   mlperf_logs.metrics.plot
+    checkpoint.pt        at each epoch's end and at a stop; removed at the end   backends.checkpoint
+    resume.sh            at a stop, the command that continues the run;          distributed.stop
+                         removed at the end
+    mlperf.attemptN.log  as a stopped run resumes: attempt N's whole log         mlperf_logs.logger
+    model.pt             the trained model's state_dict, at the run's end        backends.checkpoint
+    .checkpoint.pt.tmp   checkpoint.pt or model.pt while it is written, then     backends.checkpoint
+    .model.pt.tmp        renamed into place (a killed run may leave one)
+    projection.txt       run.mode=project, instead of the training files:        projection.py
+    projection.json      all it printed, and its last line (the figures)
+
+run.mode=benchmark writes nothing of its own. Later tools find runs with `find_run_dirs` (mlperf_logs.summarize) and
+a run's log with `mlperf_log` (summarize, mlperf_logs.package), which honours the run's mlperf.log_file; what they
+write (summarize's summary.csv and PNGs) is theirs, not the run's.
+
+This package imports nothing of the project: anything may import it.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+HYDRA = ".hydra"  # Hydra's own record of the job (hydra.output_subdir)
+OVERRIDES = f"{HYDRA}/overrides.yaml"  # the command line's overrides, as Hydra parsed them
+JOB_LOG = "train.log"  # Hydra's job logging names its file after the job, which is named after train.py
+MLPERF_LOG = "mlperf.log"  # mlperf.log_file's default (mlperf_logs/config.py takes it from here)
+CONFIG = "config.yaml"
+METRICS = "metrics.csv"
+TENSORBOARD = "tensorboard"  # a folder: the event files
+PLOT = "metrics.png"
+CHECKPOINT = "checkpoint.pt"
+RESUME_SCRIPT = "resume.sh"
+FINAL_WEIGHTS = "model.pt"
+PROJECTION_TEXT = "projection.txt"
+PROJECTION_JSON = "projection.json"
+NAMES = frozenset(
+    {
+        HYDRA,
+        JOB_LOG,
+        MLPERF_LOG,
+        CONFIG,
+        METRICS,
+        TENSORBOARD,
+        PLOT,
+        CHECKPOINT,
+        RESUME_SCRIPT,
+        FINAL_WEIGHTS,
+        PROJECTION_TEXT,
+        PROJECTION_JSON,
+    }
+)  # the fixed names; attempt logs, temporaries and a log named by mlperf.log_file come from the functions below
+
+
+def attempt_log(log: Path, attempt: int) -> Path:
+    """Where a stopped attempt's whole MLPerf log is kept once the run resumes: mlperf.log's first attempt is
+    mlperf.attempt1.log, beside it (the log's stem first, so a run's logs list together)."""
+    return log.with_name(f"{log.stem}.attempt{attempt}{log.suffix}")
+
+
+def temporary(path: Path) -> Path:
+    """Where `path` is written before it is renamed over itself: a hidden sibling, on the same filesystem so that
+    the rename is atomic."""
+    return path.with_name(f".{path.name}.tmp")
+
+
+def written_by_run(name: str, log_file: str = MLPERF_LOG) -> bool:
+    """Whether `name`, an entry of a run directory whose MLPerf log is named `log_file`, is one that a run writes."""
+    log = Path(log_file)
+    attempt = re.escape(log.stem) + r"\.attempt[1-9][0-9]*" + re.escape(log.suffix)
+    partial = {temporary(Path(kept)).name for kept in (CHECKPOINT, FINAL_WEIGHTS)}
+    return name in NAMES | partial | {log_file} or re.fullmatch(attempt, name) is not None
+
+
+def recorded_config(directory: Path) -> dict[str, Any]:
+    """The resolved configuration the run in `directory` recorded (its config.yaml), as plain data; {} where it has
+    none, or one that is not a mapping. Raises yaml.YAMLError for a file that is not YAML."""
+    path = directory / CONFIG
+    if not path.is_file():
+        return {}
+    config = yaml.safe_load(path.read_text())
+    return config if isinstance(config, dict) else {}
+
+
+def mlperf_log(directory: Path) -> Path:
+    """The MLPerf log of the run in `directory`: the mlperf.log_file its config.yaml records, else MLPERF_LOG.
+
+    A damaged config.yaml falls back to the default too, so that a summary still finds the usual log; a tool that
+    needs the config itself reads it with `recorded_config` and says what is wrong with it.
+    """
+    try:
+        mlperf = recorded_config(directory).get("mlperf")
+    except (yaml.YAMLError, UnicodeDecodeError):
+        mlperf = None
+    name = mlperf.get("log_file") if isinstance(mlperf, dict) else None
+    return directory / (name if isinstance(name, str) and name else MLPERF_LOG)
+
+
+def is_run_dir(directory: Path) -> bool:
+    """Whether `directory` is a training run's: it holds the run's MLPerf log, which train.py opens as the run starts
+    (a projection's or a benchmark's directory holds none, and a run refused before it started leaves no directory)."""
+    return directory.is_dir() and mlperf_log(directory).is_file()
+
+
+def find_run_dirs(root: Path) -> list[Path]:
+    """`root` and every directory under it that is a run directory (a run, a sweep's jobs, a folder of either), in
+    the order the filesystem lists them."""
+    return [directory for directory in (root, *root.rglob("*")) if is_run_dir(directory)]
+
+
+__all__ = [
+    "CHECKPOINT",
+    "CONFIG",
+    "FINAL_WEIGHTS",
+    "HYDRA",
+    "JOB_LOG",
+    "METRICS",
+    "MLPERF_LOG",
+    "NAMES",
+    "OVERRIDES",
+    "PLOT",
+    "PROJECTION_JSON",
+    "PROJECTION_TEXT",
+    "RESUME_SCRIPT",
+    "TENSORBOARD",
+    "attempt_log",
+    "find_run_dirs",
+    "is_run_dir",
+    "mlperf_log",
+    "recorded_config",
+    "temporary",
+    "written_by_run",
+]
