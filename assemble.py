@@ -1,4 +1,4 @@
-"""Builds a run's parts other than its backend (backends.from_config) from the config: seeds, data, schedule and
+"""Builds a run's parts other than its backend (backends.build.from_config) from the config: seeds, data, schedule and
 what the MLPerf log says of them. train.py and benchmark.py share them here, since nothing imports train.py."""
 
 from __future__ import annotations

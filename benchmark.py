@@ -7,9 +7,9 @@ import time
 
 import torch
 
-import backends
 import distributed
 from assemble import dataset_shape, seed_everything
+from backends import build
 from configs.schema import Config, batch_shape
 from distributed import Topology
 from models import random_batch
@@ -19,7 +19,7 @@ def benchmark(cfg: Config, topology: Topology) -> None:
     """A warm-up step, then run.benchmark_steps timed ones; rank 0 prints the figures and one JSON line."""
     seed_everything(cfg.run.seed, topology.rank)
     classes, _, _ = dataset_shape(cfg)
-    backend = backends.from_config(cfg, classes, topology)
+    backend = build.from_config(cfg, classes, topology)
     device, policy = backend.device, backend.policy
     batch, size = batch_shape(cfg, topology.world_size).per_rank, cfg.data.image_size
     images, labels = random_batch(batch, size, classes)

@@ -13,7 +13,7 @@
 Everything the run writes goes to its Hydra output directory (rundir names each file): config.yaml (resolved),
 mlperf.log, metrics.csv, metrics.png, checkpoint.pt, and resume.sh after a stop. With several ranks, rank 0 picks the
 directory and writes alone. SIGTERM, SIGINT and SIGUSR1 stop the run at the next step boundary (distributed.stop).
-backends.from_config builds what trains (model, optimizer, precision policy, on its device), assemble.py the rest
+backends.build.from_config builds what trains (model, optimizer, precision policy, on its device), assemble.py the rest
 (data, schedule, log keys), backends/checkpoint.py saves and restores a run; run.mode=benchmark and
 run.mode=project are benchmark.py and projection.py.
 """
@@ -37,7 +37,6 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-import backends
 import distributed
 import rundir
 from assemble import (
@@ -50,7 +49,8 @@ from assemble import (
     seed_everything,
     submission_platform,
 )
-from backends import checkpoint
+from backends import build, checkpoint
+from backends.base import Backend
 from backends.checkpoint import CheckpointError, Loop, restore_point, restore_run
 from benchmark import benchmark
 from configs.checks import ConfigError
@@ -171,7 +171,7 @@ class Run:
     topology: Topology
     log: MLPerfLogger
     metrics: MetricsCSV
-    backend: backends.Backend
+    backend: Backend
     train_loader: Loader
     val_loader: Loader
     schedule: Schedule
@@ -187,7 +187,7 @@ class Run:
 def train(cfg: Config, out_dir: Path, topology: Topology, resolved: str) -> tuple[str, float]:
     """The run from its log's init_start (or the checkpoint it resumes) to its run_stop; returns its status and
     its time-to-train in minutes."""
-    device = backends.select_device(cfg.device, topology.local_rank)
+    device = build.select_device(cfg.device, topology.local_rank)
     policy = Policy.for_device(cfg.precision, device.type)
     fingerprint = training_fingerprint(cfg, topology.world_size)
     checkpoint = distributed.from_main(lambda: restore_point(out_dir, cfg.mlperf.log_file, cfg.run.resume, fingerprint))
@@ -212,7 +212,7 @@ def train(cfg: Config, out_dir: Path, topology: Topology, resolved: str) -> tupl
         announce(cfg, policy, topology)
 
     # Model, optimizer with the MLPerf parameter groups and precision policy, on the device; the schedule by step.
-    backend = backends.from_config(cfg, len(train_split.classes), topology)
+    backend = build.from_config(cfg, len(train_split.classes), topology)
     if (
         cfg.device.compile or cfg.device.cuda_graphs
     ):  # compiled and captured in MLPerf's init phase, not the timed steps
@@ -406,7 +406,7 @@ def save(run: Run) -> None:
     checkpoint.save_run(path, run.backend, run.loop, run.log_sizes, fingerprint)
 
 
-def evaluate(backend: backends.Backend, loader: Loader) -> float:
+def evaluate(backend: Backend, loader: Loader) -> float:
     """Top-1 accuracy over every validation image, as a fraction; each rank evaluates its share."""
     correct = sum(backend.eval_step(images, labels) for images, labels in loader)
     return int(distributed.sum_over_ranks(torch.as_tensor(correct, device=backend.device))) / len(loader.dataset)

@@ -15,9 +15,10 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
+from backends.config import DeviceConfig
 from backends.graphs import GraphedStep, restore_in_place, why_not_captured
 from configs.checks import ConfigError
-from configs.schema import Config, DeviceConfig
+from configs.schema import Config
 from distributed import Topology
 from distributed.allreduce import GradientBuckets, Stopwatch
 from distributed.batchnorm import DistributedBatchNorm2d

@@ -12,8 +12,9 @@ from typing import TYPE_CHECKING
 
 from hydra.core.config_store import ConfigStore
 
+from backends.config import DeviceConfig, simulated, validate_device
 from configs.checks import ConfigError, one_of, positive, require
-from configs.hardware import OPTIMIZER_STATES, System
+from configs.shape import BatchShape
 from data.config import DataConfig
 from data.config import validate as validate_data
 from mlperf_logs.config import PROGRESS_MODES, MlperfConfig, validate_closed_division, validate_mlperf
@@ -21,8 +22,6 @@ from optim.config import OptimConfig, PrecisionConfig, validate_optim, validate_
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
-
-DEVICES = ("cpu", "cuda", "ipu_sim")  # what backends.BACKENDS dispatches on; ipu_sim: a simulated IPU system
 
 
 class UnknownKey(ConfigError):
@@ -38,29 +37,6 @@ class ModelConfig:
     zero_init_residual: bool = True  # zero-initialised last BN gamma in each residual block
     bn_momentum: float = 0.1  # PyTorch convention (TF reference: 0.9)
     bn_eps: float = 1e-5
-
-
-@dataclass
-class DeviceConfig:
-    name: str = "cpu"  # cpu | cuda | ipu_sim
-    threads: int = 0  # torch intra-op threads; 0 keeps torch's default
-    channels_last: bool = True  # NHWC activations: faster on every device measured (docs/gpu.md, docs/precision.md)
-    foreach: bool | None = None  # the optimizer step as multi-tensor ops over all parameters; None: on CUDA only
-    # native 16-bit compute: BatchNorm takes the 16-bit activations as they are (statistics and weights in fp32
-    # inside its kernel) instead of a copy cast to fp32 first; None: on CUDA only
-    bn_16bit_input: bool | None = None
-    compile: bool = False  # torch.compile the model (its forward and backward; the first steps compile)
-    pad_input_channels: bool = False  # the first convolution over 4 channels, a zero one added (cuDNN's fp16)
-    cuda_graphs: bool = False  # the train step captured once in a CUDA graph and replayed (where it can be)
-    system: System | None = None  # ipu_sim: the simulated IPU system (configs/device/<system>.yaml)
-    # ipu_sim only: how a run is laid out on the system (the names of Graphcore's PopTorch documentation)
-    replicas: int = 1  # data-parallel copies of the model, over all ranks (each rank runs its share)
-    pipeline_splits: list[str] = field(default_factory=list)  # module names that begin pipeline stages 2, 3, ...
-    device_iterations: int | None = None  # weight updates per host round trip; None: 5 round trips an epoch, as
-    # Graphcore's MLPerf train.py (one per log interval)
-    recompute: str = "none"  # none | auto | module names whose outputs are checkpoints, comma-separated
-    optimizer_state: str = "on_chip"  # on_chip | streaming (off-chip DDR)
-    input_8bit: bool = True  # images cross the host link as uint8 and are normalised on the device
 
 
 @dataclass
@@ -102,37 +78,6 @@ def register() -> None:
     ConfigStore.instance().store(name="schema", node=Config)
 
 
-def simulated(device: DeviceConfig) -> bool:
-    """Whether the run's steps execute on a simulated IPU system (configs/device/ipu_*.yaml)."""
-    return device.name == "ipu_sim"
-
-
-@dataclass(frozen=True)
-class BatchShape:
-    """How one weight update's `global_batch` images are dealt: over the ranks, to the data-parallel replicas (one
-    per rank natively; a simulated IPU system's replicas, spread over the ranks), each taking `grad_accum`
-    micro-batches; BatchNorm sees the micro-batches of `bn_group` replicas together."""
-
-    global_batch: int
-    ranks: int
-    replicas: int
-    grad_accum: int
-    bn_group: int
-
-    @property
-    def per_rank(self) -> int:
-        return self.global_batch // self.ranks
-
-    @property
-    def micro_batch(self) -> int:
-        return self.global_batch // (self.replicas * self.grad_accum)
-
-    @property
-    def bn_span(self) -> int:
-        """The images one BatchNorm's statistics cover."""
-        return self.micro_batch * self.bn_group
-
-
 def batch_shape(cfg: Config, world_size: int) -> BatchShape:
     """The run's batch shape on `world_size` ranks."""
     replicas = cfg.device.replicas if simulated(cfg.device) else world_size
@@ -158,10 +103,7 @@ def validate(cfg: Config, world_size: int = 1) -> None:
     validate_data(cfg.data, shape.ranks * shape.grad_accum, reads_files=cfg.run.mode == "train")
     validate_optim(cfg.optim, cfg.run.max_epochs)
     validate_precision(cfg.precision)
-    one_of(cfg.device.name, "device.name", DEVICES)
-    if simulated(cfg.device):
-        _validate_ipu(cfg.device, cfg.dist, shape)
-    require(cfg.device.threads >= 0, "device.threads", f"must be 0 (default) or more, got {cfg.device.threads}")
+    validate_device(cfg.device, cfg.dist.bn_group_size, shape)
     _validate_dist(cfg.dist, world_size, bn_groups_of_ranks=not simulated(cfg.device))
     validate_mlperf(cfg.mlperf)
     require(
@@ -196,47 +138,6 @@ def _validate_dist(d: DistConfig, world_size: int, bn_groups_of_ranks: bool = Tr
     if d.bucket_mb is not None:
         positive(d.bucket_mb, "dist.bucket_mb")
     positive(d.timeout_s, "dist.timeout_s")
-
-
-def _validate_ipu(device: DeviceConfig, dist: DistConfig, shape: BatchShape) -> None:
-    """The simulated IPU run's layout must fit its system and add up to the global batch."""
-    system = device.system
-    if system is None:
-        raise ConfigError("device", "ipu_sim needs a system: device=ipu_pod16, ipu_pod64, ...")
-    require(not device.compile, "device.compile", "a simulated IPU runs eager: compile is for device=cpu or cuda")
-    require(not device.cuda_graphs, "device.cuda_graphs", "a simulated IPU runs eager: CUDA graphs are for device=cuda")
-    require(device.replicas >= 1, "device.replicas", f"must be 1 or more, got {device.replicas}")
-    require(
-        device.replicas % shape.ranks == 0,
-        "device.replicas",
-        f"{device.replicas} replicas do not spread evenly over {shape.ranks} ranks",
-    )
-    micro, accum = shape.micro_batch, shape.grad_accum
-    require(
-        micro >= 1 and micro * accum * device.replicas == shape.global_batch,
-        "data.global_batch",
-        f"{shape.global_batch} is not micro-batch {micro} x dist.grad_accum {accum} x {device.replicas} replicas",
-    )
-    stages = len(device.pipeline_splits) + 1
-    require(
-        stages == 1 or accum >= stages,
-        "dist.grad_accum",
-        f"a pipeline of {stages} stages needs at least {stages} micro-batches per update, got {accum}",
-    )
-    require(
-        device.replicas * stages <= system.ipus,
-        "device.replicas",
-        f"{device.replicas} replicas x {stages} IPUs each need more than the {system.ipus} IPUs of {system.name}",
-    )
-    per_rank = device.replicas // shape.ranks
-    require(
-        dist.bn_group_size >= 1 and per_rank % dist.bn_group_size == 0,
-        "dist.bn_group_size",
-        f"BatchNorm groups of {dist.bn_group_size} replicas must divide the {per_rank} replicas of a rank",
-    )
-    if device.device_iterations is not None:
-        positive(device.device_iterations, "device.device_iterations")
-    one_of(device.optimizer_state, "device.optimizer_state", OPTIMIZER_STATES)
 
 
 def _validate_run(run: RunConfig) -> None:

@@ -7,12 +7,13 @@ import pytest
 import torch
 from torch._dynamo.utils import counters
 
-import backends
+from backends import build
+from backends.config import DEVICES
 from backends.graphs import why_not_captured
 from backends.ipu_sim.backend import IpuSimBackend
 from backends.native import NativeBackend, norm_layer, settings
 from configs.checks import ConfigError
-from configs.schema import DEVICES, Config, batch_shape
+from configs.schema import Config, batch_shape
 from distributed import Topology
 from distributed.batchnorm import DistributedBatchNorm2d
 from optim.lars import LARS
@@ -23,7 +24,7 @@ from tests.test_precision import TinyNet
 
 
 def test_every_device_name_the_schema_allows_has_a_backend():
-    assert tuple(backends.BACKENDS) == DEVICES
+    assert tuple(build.BACKENDS) == DEVICES
 
 
 def test_the_policy_has_the_config_schemas_defaults():
@@ -42,7 +43,7 @@ def test_each_precision_file_means_the_policy_its_name_says():
 
 def test_a_cpu_backend_is_built_from_the_config_values_it_needs():
     cfg = composed("optim=lars", "precision=fp16.32", "optim.label_smoothing=0.1", "dist.grad_accum=2")
-    backend = backends.from_config(cfg, classes=7, topology=Topology())
+    backend = build.from_config(cfg, classes=7, topology=Topology())
     assert type(backend) is NativeBackend and backend.device == torch.device("cpu")
     assert isinstance(backend.optimizer, LARS) and backend.model.fc.out_features == 7
     assert backend.policy == Policy.for_device(cfg.precision, "cpu") and backend.policy.emulated
@@ -52,7 +53,7 @@ def test_a_cpu_backend_is_built_from_the_config_values_it_needs():
 @pytest.mark.parametrize(("optimizer", "foreach"), [("lars", "true"), ("sgd", "false"), ("lars", "null")])
 def test_device_foreach_picks_the_optimizers_implementation(optimizer, foreach):
     cfg = composed(f"optim={optimizer}", f"device.foreach={foreach}")
-    backend = backends.from_config(cfg, classes=4, topology=Topology())
+    backend = build.from_config(cfg, classes=4, topology=Topology())
     assert {group["foreach"] for group in backend.optimizer.param_groups} == {cfg.device.foreach}
 
 
@@ -149,7 +150,7 @@ def test_a_compiled_resnet50_from_the_config_trains_and_evaluates_as_the_eager_o
     built = []
     for compiled in ("false", "true"):
         torch.manual_seed(0)
-        built.append(backends.from_config(composed(*shape, f"device.compile={compiled}"), 4, Topology()))
+        built.append(build.from_config(composed(*shape, f"device.compile={compiled}"), 4, Topology()))
     built[1].compile_ahead(train_batch=4, eval_batches=[4], image_size=32, classes=4)
     losses = trained_side_by_side(built, (4, 32), classes=4)
     assert_trained_alike(*built, losses)
@@ -168,7 +169,7 @@ def test_batchnorm_spans_the_configured_group_of_ranks():
 def test_a_simulated_ipu_backend_takes_its_ranks_share_of_the_replicas():
     overrides = ("device=ipu_pod16", "device.replicas=4", "data.global_batch=16", "dist.bn_group_size=2")
     cfg = composed(*overrides, world_size=2)
-    backend = backends.from_config(cfg, classes=4, topology=Topology(rank=1, world_size=2))
+    backend = build.from_config(cfg, classes=4, topology=Topology(rank=1, world_size=2))
     assert type(backend) is IpuSimBackend and backend.device == torch.device("cpu")
     assert (backend.replicas, backend.bn_group) == (2, 2)
     assert backend.clock.step_s > 0  # timed by the cost model once the memory plan fits
@@ -199,7 +200,7 @@ def test_a_pipeline_split_that_is_not_a_module_boundary_is_a_config_error(split,
     cfg = composed("device=ipu_pod16", "device.replicas=2", "data.global_batch=16", "dist.grad_accum=2")
     cfg.device.pipeline_splits = [split]
     with pytest.raises(ConfigError) as refused:
-        backends.from_config(cfg, classes=4, topology=Topology())
+        build.from_config(cfg, classes=4, topology=Topology())
     assert refused.value.key == "device.pipeline_splits" and str(refused.value).endswith(message)
 
 
@@ -222,7 +223,7 @@ def test_cuda_graphs_are_settled_before_the_clock_starts(capsys):
     """train.py's compile_ahead tries the capture in the init phase: on the CPU the reason is said there, once,
     and the first timed step neither tries again nor says it again."""
     shape = ("data.image_size=32", "data.eval_resize=32", "data.global_batch=4", "precision=fp32")
-    backend = backends.from_config(composed(*shape, "device.cuda_graphs=true"), 4, Topology())
+    backend = build.from_config(composed(*shape, "device.cuda_graphs=true"), 4, Topology())
     backend.compile_ahead(train_batch=4, eval_batches=[4], image_size=32, classes=4)
     assert "device.cuda_graphs: there is no CUDA graph on cpu; the step runs eagerly" in capsys.readouterr().out
     backend.train_step(*random_batch(4, 32, 4), lr=0.1)
@@ -234,7 +235,7 @@ def test_cuda_graphs_on_the_cpu_says_why_and_trains_eagerly(capsys):
     built = []
     for graphs in ("false", "true"):
         torch.manual_seed(0)
-        built.append(backends.from_config(composed(*shape, f"device.cuda_graphs={graphs}"), 4, Topology()))
+        built.append(build.from_config(composed(*shape, f"device.cuda_graphs={graphs}"), 4, Topology()))
     losses = trained_side_by_side(built, (4, 32), classes=4)
     out = capsys.readouterr().out
     assert out.count("device.cuda_graphs: there is no CUDA graph on cpu; the step runs eagerly") == 1

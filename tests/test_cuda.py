@@ -18,10 +18,12 @@ import torch.distributed as dist
 
 import distributed
 from assemble import make_loader
-from backends import checkpoint, select_device
+from backends import checkpoint
+from backends.build import select_device
+from backends.config import DeviceConfig
 from backends.native import NativeBackend
 from configs.checks import ConfigError
-from configs.schema import Config, DeviceConfig
+from configs.schema import Config
 from data.device_decode import decode_crops
 from data.folder import find_classes, open_split
 from data.split import Split

@@ -20,11 +20,12 @@ import torch
 import torch.distributed as dist
 from torch.nn.modules.batchnorm import _BatchNorm
 
+from backends.config import DeviceConfig
 from backends.ipu_sim import simulator
 from backends.ipu_sim.clock import DeviceClock
 from backends.ipu_sim.pipeline import Pipeline
 from backends.native import NativeBackend, Pass, optimizer_for, settings, use_threads
-from configs.schema import Config, DeviceConfig
+from configs.schema import Config
 from distributed import Topology
 
 

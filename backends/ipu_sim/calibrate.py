@@ -30,6 +30,7 @@ from hydra import compose, initialize_config_module
 from hydra.core.global_hydra import GlobalHydra
 from omegaconf import OmegaConf
 
+from backends.ipu_sim.config import System
 from backends.ipu_sim.cost import (
     Constants,
     Projection,
@@ -52,7 +53,6 @@ from backends.ipu_sim.uncertainty import (
     figures,
     interval,
 )
-from configs.hardware import System
 from configs.schema import register
 from models import batchnorm, build_resnet50
 

@@ -14,8 +14,8 @@ import math
 import statistics
 from dataclasses import dataclass
 
+from backends.ipu_sim.config import System
 from backends.ipu_sim.profile import ModelProfile, StageProfile
-from configs.hardware import System
 from data.datasets import IMAGENET_EVAL_IMAGES, IMAGENET_TRAIN_IMAGES
 
 

@@ -10,12 +10,12 @@ from torch import nn
 
 from backends.ipu_sim import calibrate, cost, pipeline, uncertainty
 from backends.ipu_sim.clock import DeviceClock
+from backends.ipu_sim.config import System
 from backends.ipu_sim.cost import Constants, Projection, Schedule
 from backends.ipu_sim.memory import OutOfMemory
 from backends.ipu_sim.plan import Layout, Plan, plan_run
 from backends.ipu_sim.uncertainty import Interval
 from configs.checks import ConfigError
-from configs.hardware import System
 from configs.schema import Config, batch_shape
 from models import batchnorm, build_resnet50
 

@@ -21,8 +21,8 @@ import shutil
 import sys
 from pathlib import Path
 
-import backends
 from assemble import eval_epochs, make_loader, open_splits
+from backends import build
 from bench import photos
 from bench.gpu import stage
 from bench.gpu import step as step_stage
@@ -120,7 +120,7 @@ def e2e(args: argparse.Namespace, sizes: stage.Sizes) -> stage.Figures:
     device = stage.device()
     train, _ = open_splits(cfg, Topology())
     batches = endless(make_loader(cfg, train, Topology(), train=True, device=device))
-    backend = backends.from_config(cfg, CLASSES, Topology())
+    backend = build.from_config(cfg, CLASSES, Topology())
     lr = cfg.optim.base_lr / 100
 
     def step() -> object:

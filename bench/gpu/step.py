@@ -7,7 +7,7 @@ timed ones), with its peak GPU memory:
                  torch.optim.SGD(fused=True, momentum 0.9): no harness code, the input a normalised float batch
   bare_compiled  the same loop with the model through torch.compile: what any PyTorch 2 user writes, the peer of
                  a compiled harness
-  base, +OPTION  the harness (backends.native through backends.from_config: LARS, the uint8 NHWC batch normalised
+  base, +OPTION  the harness (backends.native through backends.build.from_config: LARS, the uint8 NHWC batch normalised
                  inside the model) in bf16 with every speed option of the config off, then each one on alone
                  (SPEED_OPTIONS below: the set grows as options are added)
   best           bf16 with every option that beat base on together (the e2e stage's step), and its eval rate
@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 import torchvision
 
-import backends
+from backends import build
 from bench.gpu import stage
 from distributed import Topology
 from models.resnet import MEAN_RGB, STD_RGB, random_batch
@@ -81,7 +81,7 @@ def plain_loop(model: torch.nn.Module, images: torch.Tensor, labels: torch.Tenso
 def harness(overrides: list[str], sizes: stage.Sizes, images: torch.Tensor, labels: torch.Tensor) -> tuple[Step, Step]:
     """The harness's train step and eval step, built from the config as train.py builds them."""
     cfg = stage.composed([f"device={images.device.type}", *shape(sizes), *overrides])
-    backend = backends.from_config(cfg, CLASSES, Topology())
+    backend = build.from_config(cfg, CLASSES, Topology())
     lr = cfg.optim.base_lr / 100  # small enough to stay finite
     return (lambda: backend.train_step(images, labels, lr)), (lambda: backend.eval_step(images, labels))
 

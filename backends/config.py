@@ -1,0 +1,89 @@
+"""The device section of a run's configuration: where its steps execute (backends/build.py picks the backend by
+`device.name`), the native devices' speed options, and a simulated IPU run's layout on its system, with their
+checks. configs/schema.py composes it; this module imports no implementation."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from backends.ipu_sim.config import OPTIMIZER_STATES, System
+from configs.checks import ConfigError, one_of, positive, require
+from configs.shape import BatchShape
+
+DEVICES = ("cpu", "cuda", "ipu_sim")  # what backends.build.BACKENDS dispatches on; ipu_sim: a simulated IPU system
+
+
+@dataclass
+class DeviceConfig:
+    name: str = "cpu"  # cpu | cuda | ipu_sim
+    threads: int = 0  # torch intra-op threads; 0 keeps torch's default
+    channels_last: bool = True  # NHWC activations: faster on every device measured (docs/gpu.md, docs/precision.md)
+    foreach: bool | None = None  # the optimizer step as multi-tensor ops over all parameters; None: on CUDA only
+    # native 16-bit compute: BatchNorm takes the 16-bit activations as they are (statistics and weights in fp32
+    # inside its kernel) instead of a copy cast to fp32 first; None: on CUDA only
+    bn_16bit_input: bool | None = None
+    compile: bool = False  # torch.compile the model (its forward and backward; the first steps compile)
+    pad_input_channels: bool = False  # the first convolution over 4 channels, a zero one added (cuDNN's fp16)
+    cuda_graphs: bool = False  # the train step captured once in a CUDA graph and replayed (where it can be)
+    system: System | None = None  # ipu_sim: the simulated IPU system (configs/device/<system>.yaml)
+    # ipu_sim only: how a run is laid out on the system (the names of Graphcore's PopTorch documentation)
+    replicas: int = 1  # data-parallel copies of the model, over all ranks (each rank runs its share)
+    pipeline_splits: list[str] = field(default_factory=list)  # module names that begin pipeline stages 2, 3, ...
+    device_iterations: int | None = None  # weight updates per host round trip; None: 5 round trips an epoch, as
+    # Graphcore's MLPerf train.py (one per log interval)
+    recompute: str = "none"  # none | auto | module names whose outputs are checkpoints, comma-separated
+    optimizer_state: str = "on_chip"  # on_chip | streaming (off-chip DDR)
+    input_8bit: bool = True  # images cross the host link as uint8 and are normalised on the device
+
+
+def simulated(device: DeviceConfig) -> bool:
+    """Whether the run's steps execute on a simulated IPU system (configs/device/ipu_*.yaml)."""
+    return device.name == "ipu_sim"
+
+
+def validate_device(device: DeviceConfig, bn_group_size: int, shape: BatchShape) -> None:
+    one_of(device.name, "device.name", DEVICES)
+    require(device.threads >= 0, "device.threads", f"must be 0 (default) or more, got {device.threads}")
+    if simulated(device):
+        validate_ipu(device, bn_group_size, shape)
+
+
+def validate_ipu(device: DeviceConfig, bn_group_size: int, shape: BatchShape) -> None:
+    """The simulated IPU run's layout must fit its system and add up to the global batch."""
+    system = device.system
+    if system is None:
+        raise ConfigError("device", "ipu_sim needs a system: device=ipu_pod16, ipu_pod64, ...")
+    require(not device.compile, "device.compile", "a simulated IPU runs eager: compile is for device=cpu or cuda")
+    require(not device.cuda_graphs, "device.cuda_graphs", "a simulated IPU runs eager: CUDA graphs are for device=cuda")
+    require(device.replicas >= 1, "device.replicas", f"must be 1 or more, got {device.replicas}")
+    require(
+        device.replicas % shape.ranks == 0,
+        "device.replicas",
+        f"{device.replicas} replicas do not spread evenly over {shape.ranks} ranks",
+    )
+    micro, accum = shape.micro_batch, shape.grad_accum
+    require(
+        micro >= 1 and micro * accum * device.replicas == shape.global_batch,
+        "data.global_batch",
+        f"{shape.global_batch} is not micro-batch {micro} x dist.grad_accum {accum} x {device.replicas} replicas",
+    )
+    stages = len(device.pipeline_splits) + 1
+    require(
+        stages == 1 or accum >= stages,
+        "dist.grad_accum",
+        f"a pipeline of {stages} stages needs at least {stages} micro-batches per update, got {accum}",
+    )
+    require(
+        device.replicas * stages <= system.ipus,
+        "device.replicas",
+        f"{device.replicas} replicas x {stages} IPUs each need more than the {system.ipus} IPUs of {system.name}",
+    )
+    per_rank = device.replicas // shape.ranks
+    require(
+        bn_group_size >= 1 and per_rank % bn_group_size == 0,
+        "dist.bn_group_size",
+        f"BatchNorm groups of {bn_group_size} replicas must divide the {per_rank} replicas of a rank",
+    )
+    if device.device_iterations is not None:
+        positive(device.device_iterations, "device.device_iterations")
+    one_of(device.optimizer_state, "device.optimizer_state", OPTIMIZER_STATES)
