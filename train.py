@@ -14,8 +14,8 @@ Everything the run writes goes to its Hydra output directory (rundir names each 
 mlperf.log, metrics.csv, metrics.png, checkpoint.pt, and resume.sh after a stop. With several ranks, rank 0 picks the
 directory and writes alone. SIGTERM, SIGINT and SIGUSR1 stop the run at the next step boundary (distributed.stop).
 backends.build.from_config builds what trains (model, optimizer, precision policy, on its device), assemble.py the rest
-(data, schedule, log keys), backends/checkpoint.py saves and restores a run; run.mode=benchmark and
-run.mode=project are benchmark.py and projection.py.
+(data, schedule, log keys), checkpoint/ saves and restores a run; run.mode=benchmark and
+run.mode=project are benchmark.py and projection/mode.py.
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+import checkpoint
 import distributed
 import rundir
 from assemble import (
@@ -49,10 +50,10 @@ from assemble import (
     seed_everything,
     submission_platform,
 )
-from backends import build, checkpoint
+from backends import build
 from backends.base import Backend
-from backends.checkpoint import CheckpointError, Loop, restore_point, restore_run
 from benchmark import benchmark
+from checkpoint import CheckpointError, Loop, restore_point, restore_run
 from configs.checks import ConfigError
 from configs.errors import describe
 from configs.schema import Config, batch_shape, register, training_fingerprint, validate
@@ -68,7 +69,7 @@ from mlperf_logs.metrics import EpochMetrics, EpochTimer, MetricsCSV, plot
 from mlperf_logs.progress import Progress, epoch_line, job_log, print_summary, say
 from optim.precision import NonFiniteLoss, Policy
 from optim.schedule import Schedule
-from projection import project
+from projection.mode import project
 
 USER_ERRORS = (ConfigError, DatasetError, CheckpointError, LaunchError, HydraException, OmegaConfBaseException)
 NOT_CONVERGED = 3  # the exit status of a run that ended short of the target (run.allow_not_converged=true: 0)

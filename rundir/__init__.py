@@ -14,14 +14,14 @@ one of these names takes it from here, so this table is the whole directory:
     metrics.csv          a row per epoch                                         mlperf_logs.metrics
     tensorboard/         a point per epoch and scalar (run.tensorboard=true)     mlperf_logs.metrics
     metrics.png          loss and top-1 by epoch, at the run's end or its stop   mlperf_logs.metrics.plot
-    checkpoint.pt        at each epoch's end and at a stop; removed at the end   backends.checkpoint
+    checkpoint.pt        at each epoch's end and at a stop; removed at the end   checkpoint
     resume.sh            at a stop, the command that continues the run;          distributed.stop
                          removed at the end
     mlperf.attemptN.log  as a stopped run resumes: attempt N's whole log         mlperf_logs.logger
-    model.pt             the trained model's state_dict, at the run's end        backends.checkpoint
-    .checkpoint.pt.tmp   checkpoint.pt or model.pt while it is written, then     backends.checkpoint
+    model.pt             the trained model's state_dict, at the run's end        checkpoint
+    .checkpoint.pt.tmp   checkpoint.pt or model.pt while it is written, then     checkpoint
     .model.pt.tmp        renamed into place (a killed run may leave one)
-    projection.txt       run.mode=project, instead of the training files:        projection.py
+    projection.txt       run.mode=project, instead of the training files:        projection.mode
     projection.json      all it printed, and its last line (the figures)
 
 run.mode=benchmark writes nothing of its own. Later tools find runs with `find_run_dirs` (mlperf_logs.summarize) and

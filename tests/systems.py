@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from functools import cache
 
-from backends.ipu_sim import calibrate
-from backends.ipu_sim.profile import ModelProfile
+from projection.ipu import calibrate
+from projection.ipu.profile import ModelProfile
 
 system = cache(calibrate.load_system)  # system("ipu_pod16") -> System
 

@@ -5,8 +5,8 @@ import os
 import pytest
 import torch
 
-from backends import checkpoint
-from backends.checkpoint import CheckpointError
+import checkpoint
+from checkpoint import CheckpointError
 from tests.conftest import ALL_EPOCHS, TINY_RUN, run_train
 
 ADVICE = (

@@ -16,9 +16,9 @@ import pytest
 import torch
 import torch.distributed as dist
 
+import checkpoint
 import distributed
 from assemble import make_loader
-from backends import checkpoint
 from backends.build import select_device
 from backends.config import DeviceConfig
 from backends.native import NativeBackend
@@ -295,7 +295,7 @@ def test_autocast_on_cuda_computes_in_the_policy_dtype_and_batchnorm_as_configur
     assert seen == {"conv": DTYPES[compute], "bn": bn_input} and logits.dtype == DTYPES[compute]
 
 
-# checkpoints (backends/checkpoint.py): the global CUDA generators and the stochastic-rounding stream
+# checkpoints (checkpoint/): the global CUDA generators and the stochastic-rounding stream
 
 
 def test_generator_states_round_trip_without_cuda(tmp_path: Path, no_gpu: None) -> None:

@@ -6,10 +6,10 @@ import dataclasses
 
 import pytest
 
-from backends.ipu_sim import calibrate, cost
 from backends.ipu_sim.config import System
-from backends.ipu_sim.cost import Constants, RunShape, ring_allreduce_s, step_time
-from backends.ipu_sim.profile import ModelProfile
+from projection.ipu import calibrate, cost
+from projection.ipu.cost import Constants, RunShape, ring_allreduce_s, step_time
+from projection.ipu.profile import ModelProfile
 from tests.systems import resnet50_profile, system
 
 

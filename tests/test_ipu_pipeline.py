@@ -11,10 +11,10 @@ import torch
 from torch import nn
 
 from backends.ipu_sim.backend import IpuSimBackend
-from backends.ipu_sim.memory import in_flight
 from backends.ipu_sim.pipeline import Event, Pipeline, schedule
 from models.resnet import ResNet50, batchnorm, build_resnet50
 from optim.precision import Policy
+from projection.ipu.memory import in_flight
 
 REPLICAS, MICRO, STEPS = 2, 2, 3
 

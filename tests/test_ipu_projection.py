@@ -11,12 +11,12 @@ import torch
 from torch import nn
 
 from backends.ipu_sim.backend import IpuSimBackend
-from backends.ipu_sim.calibrate import POD64
 from backends.ipu_sim.clock import DeviceClock
-from backends.ipu_sim.uncertainty import ASSUMPTIONS
 from configs.checks import ConfigError
 from configs.schema import Config, validate
 from mlperf_logs.logger import MLPerfLogger
+from projection.ipu.calibrate import POD64
+from projection.ipu.uncertainty import ASSUMPTIONS
 from tests.conftest import assert_compliant, mllog_events, record_margin, run_train
 from tests.systems import system
 

@@ -7,9 +7,9 @@ import dataclasses
 
 import pytest
 
-from backends.ipu_sim import calibrate
-from backends.ipu_sim.cost import Constants
-from backends.ipu_sim.uncertainty import ASSUMPTIONS, Assumption, corners, headline, report
+from projection.ipu import calibrate
+from projection.ipu.cost import Constants
+from projection.ipu.uncertainty import ASSUMPTIONS, Assumption, corners, headline, report
 from tests.systems import resnet50_profile, system
 
 refit = calibrate.refitter(resnet50_profile(), calibrate.in_sample_systems())

@@ -25,9 +25,9 @@ import torch
 import torchvision
 import yaml
 
+import checkpoint
 import rundir
-from backends import checkpoint
-from backends.checkpoint import CheckpointError
+from checkpoint import CheckpointError
 from configs.checks import ConfigError
 from configs.schema import training_fingerprint
 from optim.precision import emulates

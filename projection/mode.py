@@ -11,6 +11,8 @@ import rundir
 from assemble import dataset_shape
 from backends.ipu_sim import simulator
 from configs.schema import Config
+from projection.ipu import report
+from projection.ipu.cost import Schedule
 
 
 def project(cfg: Config, out_dir: Path | None) -> None:
@@ -20,12 +22,12 @@ def project(cfg: Config, out_dir: Path | None) -> None:
     classes, train_images, eval_images = dataset_shape(cfg)
     plan = simulator.plan(cfg, simulator.build_model(cfg, classes))
     mlperf = cfg.mlperf
-    schedule = simulator.Schedule(cfg.run.max_epochs, train_images, eval_images, mlperf.eval_every, mlperf.first_eval)
-    report, figures = simulator.project(plan, simulator.system_of(cfg), schedule).rsplit("\n", 1)
+    schedule = Schedule(cfg.run.max_epochs, train_images, eval_images, mlperf.eval_every, mlperf.first_eval)
+    said, figures = report.project(plan, simulator.system_of(cfg), schedule).rsplit("\n", 1)
     if out_dir is not None:  # named before the figures, which stay the last line
         kept = f"{rundir.PROJECTION_TEXT}: all of this; {rundir.PROJECTION_JSON}: the last line"
-        report += f"\noutputs: {out_dir} ({kept})"
-    text = f"{report}\n{figures}"
+        said += f"\noutputs: {out_dir} ({kept})"
+    text = f"{said}\n{figures}"
     print(text, flush=True)
     if out_dir is not None:
         (out_dir / rundir.PROJECTION_TEXT).write_text(text + "\n")

@@ -14,7 +14,7 @@ import itertools
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 
-from backends.ipu_sim.cost import Constants, Projection
+from projection.ipu.cost import Constants, Projection
 
 
 @dataclass(frozen=True)

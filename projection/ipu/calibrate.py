@@ -8,11 +8,11 @@ and evaluation. Fitted, in closed form or by bisection, each to what only it exp
   gateway_efficiency  <- POD128's steady epoch: the only in-sample system that spans POD64s
   eval_overhead_s     <- the three systems' evaluations, beyond their forward passes (mean residual)
 A steady epoch is a logged epoch with no checkpoint in it or before it (median over the five runs). The checkpoint
-and evaluation costs are read off the same logs (backends/ipu_sim/uncertainty.py). IPU-POD256 and every Bow system
+and evaluation costs are read off the same logs (projection/ipu/uncertainty.py). IPU-POD256 and every Bow system
 are held out: no constant or range is taken from them.
 
-    python -m backends.ipu_sim.calibrate             # the fit, the in-sample residuals, one JSON line
-    python -m backends.ipu_sim.calibrate --scaling   # 16 to 256 IPUs of both chips, each term's share
+    python -m projection.ipu.calibrate             # the fit, the in-sample residuals, one JSON line
+    python -m projection.ipu.calibrate --scaling   # 16 to 256 IPUs of both chips, each term's share
 """
 
 from __future__ import annotations
@@ -31,7 +31,9 @@ from hydra.core.global_hydra import GlobalHydra
 from omegaconf import OmegaConf
 
 from backends.ipu_sim.config import System
-from backends.ipu_sim.cost import (
+from configs.schema import register
+from models import batchnorm, build_resnet50
+from projection.ipu.cost import (
     Constants,
     Projection,
     RunShape,
@@ -41,9 +43,9 @@ from backends.ipu_sim.cost import (
     project,
     step_time,
 )
-from backends.ipu_sim.plan import Layout, plan_run
-from backends.ipu_sim.profile import ModelProfile
-from backends.ipu_sim.uncertainty import (
+from projection.ipu.plan import Layout, plan_run
+from projection.ipu.profile import ModelProfile
+from projection.ipu.uncertainty import (
     ASSUMPTIONS,
     Assumption,
     Interval,
@@ -53,8 +55,6 @@ from backends.ipu_sim.uncertainty import (
     figures,
     interval,
 )
-from configs.schema import register
-from models import batchnorm, build_resnet50
 
 
 @dataclass(frozen=True)

@@ -9,11 +9,11 @@ from dataclasses import dataclass
 from torch import nn
 
 from backends.ipu_sim.config import Chip
-from backends.ipu_sim.cost import RunShape, updates_per_host_call
-from backends.ipu_sim.memory import MemoryPlan, plan_memory
-from backends.ipu_sim.probe import profile_model
-from backends.ipu_sim.profile import ModelProfile
 from data.datasets import IMAGENET_TRAIN_IMAGES
+from projection.ipu.cost import RunShape, updates_per_host_call
+from projection.ipu.memory import MemoryPlan, plan_memory
+from projection.ipu.probe import profile_model
+from projection.ipu.profile import ModelProfile
 
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 OPTIMIZER_SLOTS = 1  # momentum, for LARS and SGD alike

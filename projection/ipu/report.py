@@ -1,0 +1,86 @@
+"""run.mode=project's answer for a simulated IPU system: the projected time to train and throughput with the ranges
+the assumed constants allow (each corner refitted to the in-sample results, as the central value is), the memory
+table, the step time by component, how far the run reaches beyond the calibrated systems, and one JSON line."""
+
+from __future__ import annotations
+
+import json
+
+from backends.ipu_sim.config import System
+from projection.ipu import calibrate, cost, uncertainty
+from projection.ipu.cost import Constants, Projection, Schedule
+from projection.ipu.plan import Plan
+from projection.ipu.uncertainty import Interval
+
+
+def project(planned: Plan, system: System, schedule: Schedule) -> str:
+    """The system's memory plan, the step time by component, and the projected epoch and time-to-train, with the
+    range the assumed constants allow, each corner refitted to the in-sample results as the central value is, and
+    how far the run reaches beyond them; last, one JSON line."""
+    systems = calibrate.in_sample_systems()
+    refit = calibrate.refitter(calibrate.resnet50_profile(systems[calibrate.POD16.system]), systems)
+    shape = planned.layout.shape(schedule.train_images)
+
+    def at(constants: Constants) -> Projection:
+        return cost.project(planned.profile, system, shape, constants, schedule)
+
+    central = refit(Constants())
+    assert central is not None, "the central constants must fit the in-sample results"
+    spread = uncertainty.interval(at, refit, central)
+    return report(planned, system, shape, spread, central, schedule.epochs, beyond_calibration(planned, system, shape))
+
+
+def beyond_calibration(planned: Plan, system: System, shape: cost.RunShape) -> list[str]:
+    """Where the run reaches beyond the in-sample systems (their POD64s, chip, accumulations and host processes,
+    and the recipe's 20 images on one IPU per replica); nothing is widened for it beyond the ranges."""
+    stages = len(planned.profile.stages)
+    samples = {published.system: published.shape for published in calibrate.IN_SAMPLE}
+    calibrated = {name: calibrate.load_system(name) for name in samples}
+    most_pods = max(cost.pods(calibrated[name], sample, 1) for name, sample in samples.items())
+    chips = sorted({chip.chip.name for chip in calibrated.values()})
+    accumulations = [sample.grad_accum for sample in samples.values()]
+    processes = [cost.instances(sample) for sample in samples.values()]
+    beyond = []
+    if cost.pods(system, shape, stages) > most_pods:
+        spanned = cost.pods(system, shape, stages)
+        beyond.append(
+            f"{spanned} POD64s (calibrated: up to {most_pods}): the cross-POD phase grows as gateway_growth assumes"
+        )
+    if system.chip.name not in chips:
+        beyond.append(f"chip {system.chip.name} (calibrated: {', '.join(chips)}): per-update costs are taken as theirs")
+    if not min(accumulations) <= shape.grad_accum <= max(accumulations):
+        beyond.append(
+            f"{shape.grad_accum} micro-batches per update (calibrated: {min(accumulations)} to {max(accumulations)})"
+        )
+    if shape.micro_batch != calibrate.RECIPE.micro_batch or stages > 1:
+        beyond.append("a micro-batch or pipeline other than the recipe's (20 images on one IPU)")
+    if cost.instances(shape) > max(processes):
+        beyond.append(f"{cost.instances(shape)} host processes (calibrated: {min(processes)} to {max(processes)})")
+    return beyond
+
+
+def report(
+    planned: Plan,
+    system: System,
+    shape: cost.RunShape,
+    spread: Interval,
+    central: Constants,
+    epochs: int,
+    beyond: list[str],
+) -> str:
+    """The projected time to train and throughput first, then the system, the memory table, the cost model's
+    report and its ranges, where it extrapolates, and last one JSON line of figures."""
+    memory = {"ipu_memory_mb": [round(row.total_mb, 1) for row in planned.memory.rows], "fits": planned.memory.fits}
+    reach = "within the calibrated regime" if not beyond else "beyond the calibrated regime: " + "; ".join(beyond)
+    hosts = f"{system.hosts} hosts, {system.host_cores} host cores"
+    return "\n".join(
+        [
+            uncertainty.headline(spread, epochs) + "\n",
+            f"{system.name}: {system.ipus} {system.chip.name} IPUs, {hosts}",
+            f"{planned.memory.table()}\n{planned.memory.suggestion()}\n",
+            cost.report(spread.central, shape, len(planned.profile.stages), epochs),
+            uncertainty.report(spread, central),
+            reach,
+            json.dumps(uncertainty.figures(spread) | memory | {"beyond_calibration": beyond}),
+        ]
+    )
