@@ -73,3 +73,14 @@ def test_no_import_circle_anywhere_in_the_library():
 
 def test_the_circle_finder_finds_a_circle():
     assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_the_architecture_page_names_every_room_of_the_tree():
+    """docs/architecture.md's table of rooms holds the library's top-level modules and packages, and names nothing
+    the tree lacks (a subpackage such as data/jpeg/ may have its own row)."""
+    page = (REPO / "docs" / "architecture.md").read_text()
+    rows = {line.split("`")[1] for line in page.splitlines() if line.startswith("| `")}
+    packages = {f"{path.parent.name}/" for path in REPO.glob("*/__init__.py")} - {"tests/", "bench/"}
+    rooms = {*LIBRARY, *packages, "hydra_plugins/"}
+    assert rooms <= rows
+    assert all((REPO / row).exists() for row in rows)
