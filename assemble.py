@@ -1,5 +1,6 @@
-"""Builds a run's parts other than its backend (backends.build.from_config) from the config: seeds, data, schedule and
-what the MLPerf log says of them. train.py and benchmark.py share them here, since nothing imports train.py."""
+"""Builds a run's parts other than its backend (backends.build.from_config) from the config and the run's facts
+(backends.build.run_facts): seeds, data, schedule and what the MLPerf log says of them. train.py and benchmark.py
+share them here, since nothing imports train.py."""
 
 from __future__ import annotations
 
@@ -10,8 +11,10 @@ import numpy as np
 import torch
 
 import distributed
+from backends.base import RunFacts
 from configs.checks import ConfigError
-from configs.schema import Config, batch_shape
+from configs.schema import Config
+from configs.shape import BatchShape
 from data.datasets import dataset_size, open_dataset
 from data.loader import Crops, Loader, build_loader, workers_for_cores
 from data.sampler import ShardedSampler
@@ -43,13 +46,13 @@ def open_splits(cfg: Config, topology: Topology) -> tuple[Split, Split]:
     return splits or open_dataset(data.name, data.root, data.synthetic, data.format)
 
 
-def make_loader(cfg: Config, split: Split, topology: Topology, *, train: bool, device: torch.device) -> Loader:
+def make_loader(cfg: Config, split: Split, facts: RunFacts, *, train: bool) -> Loader:
     """The training loader (this rank's share of each global batch, shuffled) or the evaluation one, for batches
-    bound to `device` (pinned for a GPU). A training set too small for one global batch is refused: its epochs
-    would have no step."""
-    data = cfg.data
+    bound to this rank's device (pinned for a GPU). A training set too small for one global batch is refused: its
+    epochs would have no step."""
+    data, topology, device = cfg.data, facts.topology, facts.device
     if train and len(split) < data.global_batch:
-        raise ConfigError("data.global_batch", too_few_images(len(split), data.global_batch, cfg, topology))
+        raise ConfigError("data.global_batch", too_few_images(len(split), facts.shape))
     crops = Crops(train=train, size=data.image_size, area_min=data.crop_area_min, eval_resize=data.eval_resize)
     sampler = ShardedSampler(
         len(split),
@@ -63,7 +66,7 @@ def make_loader(cfg: Config, split: Split, topology: Topology, *, train: bool, d
         split,
         crops,
         sampler,
-        batch=batch_shape(cfg, topology.world_size).per_rank if train else data.eval_batch,
+        batch=facts.shape.per_rank if train else data.eval_batch,
         workers=loader_workers(cfg, topology),
         pin_memory=device.type == "cuda",
         corrupt=data.corrupt,
@@ -74,10 +77,10 @@ def make_loader(cfg: Config, split: Split, topology: Topology, *, train: bool, d
     )
 
 
-def too_few_images(images: int, global_batch: int, cfg: Config, topology: Topology) -> str:
-    """What to say of a training set of `images` smaller than a `global_batch`: the largest batch that fits it, a
+def too_few_images(images: int, shape: BatchShape) -> str:
+    """What to say of a training set of `images` smaller than the global batch: the largest batch that fits it, a
     power of two times what the batch must divide into (ranks x gradient accumulation)."""
-    divisor = topology.world_size * cfg.dist.grad_accum
+    global_batch, divisor = shape.global_batch, shape.ranks * shape.grad_accum
     fits = divisor * 2 ** int(math.log2(images // divisor)) if images >= divisor else None
     advice = f"give data.global_batch={fits} (or fewer)" if fits else f"the set needs at least {divisor} images"
     return f"{global_batch} is more than the {images} training images: an epoch would have no step; {advice}"
@@ -107,13 +110,13 @@ def make_schedule(cfg: Config, steps_per_epoch: int) -> Schedule:
 
 
 def hyperparameters(
-    cfg: Config, schedule: Schedule, world_size: int, train_split: Split, val_split: Split
+    cfg: Config, schedule: Schedule, shape: BatchShape, train_split: Split, val_split: Split
 ) -> Hyperparameters:
     return Hyperparameters(
         optimizer=cfg.optim.name,
         global_batch=cfg.data.global_batch,
         grad_accum=cfg.dist.grad_accum,
-        bn_span=batch_shape(cfg, world_size).bn_span,
+        bn_span=shape.bn_span,
         train_samples=len(train_split),
         eval_samples=len(val_split),
         base_lr=cfg.optim.base_lr,

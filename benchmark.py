@@ -10,7 +10,7 @@ import torch
 import distributed
 from assemble import dataset_shape, seed_everything
 from backends import build
-from configs.schema import Config, batch_shape
+from configs.schema import Config
 from distributed import Topology
 from models import random_batch
 
@@ -19,9 +19,10 @@ def benchmark(cfg: Config, topology: Topology) -> None:
     """A warm-up step, then run.benchmark_steps timed ones; rank 0 prints the figures and one JSON line."""
     seed_everything(cfg.run.seed, topology.rank)
     classes, _, _ = dataset_shape(cfg)
-    backend = build.from_config(cfg, classes, topology)
-    device, policy = backend.device, backend.policy
-    batch, size = batch_shape(cfg, topology.world_size).per_rank, cfg.data.image_size
+    facts = build.run_facts(cfg, topology)
+    backend = build.from_config(cfg, facts, classes)
+    device, policy = facts.device, facts.policy
+    batch, size = facts.shape.per_rank, cfg.data.image_size
     images, labels = random_batch(batch, size, classes)
     lr = cfg.optim.base_lr / 100  # small enough to stay finite however long it runs
     float(backend.train_step(images, labels, lr))  # warm-up: allocations, kernel selection

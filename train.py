@@ -51,12 +51,12 @@ from assemble import (
     submission_platform,
 )
 from backends import build
-from backends.base import Backend
+from backends.base import Backend, RunFacts
 from benchmark import benchmark
 from checkpoint import CheckpointError, Loop, restore_point, restore_run
 from configs.checks import ConfigError
 from configs.errors import describe
-from configs.schema import Config, batch_shape, register, training_fingerprint, validate
+from configs.schema import Config, register, training_fingerprint, validate
 from data.datasets import describe_dataset
 from data.loader import Loader
 from data.split import DatasetError
@@ -67,7 +67,7 @@ from mlperf_logs.hyperparameters import Submission, log_hyperparameters, log_sub
 from mlperf_logs.logger import MLPerfLogger, constants
 from mlperf_logs.metrics import EpochMetrics, EpochTimer, MetricsCSV, plot
 from mlperf_logs.progress import Progress, epoch_line, job_log, print_summary, say
-from optim.precision import NonFiniteLoss, Policy
+from optim.precision import NonFiniteLoss
 from optim.schedule import Schedule
 from projection.mode import project
 
@@ -188,8 +188,7 @@ class Run:
 def train(cfg: Config, out_dir: Path, topology: Topology, resolved: str) -> tuple[str, float]:
     """The run from its log's init_start (or the checkpoint it resumes) to its run_stop; returns its status and
     its time-to-train in minutes."""
-    device = build.select_device(cfg.device, topology.local_rank)
-    policy = Policy.for_device(cfg.precision, device.type)
+    facts = build.run_facts(cfg, topology)  # this rank's device, its precision policy, the batch shape: worked out once
     fingerprint = training_fingerprint(cfg, topology.world_size)
     checkpoint = distributed.from_main(lambda: restore_point(out_dir, cfg.mlperf.log_file, cfg.run.resume, fingerprint))
     seed_everything(cfg.run.seed, topology.rank)
@@ -197,28 +196,26 @@ def train(cfg: Config, out_dir: Path, topology: Topology, resolved: str) -> tupl
     # Data: the index of both splits (the synthetic set is generated here on first use), then the loaders; a set
     # the run cannot use is refused here, before the run has a log or a config.yaml (and so no folder).
     train_split, val_split = open_splits(cfg, topology)
-    train_loader = make_loader(cfg, train_split, topology, train=True, device=device)
-    val_loader = make_loader(cfg, val_split, topology, train=False, device=device)
+    train_loader = make_loader(cfg, train_split, facts, train=True)
+    val_loader = make_loader(cfg, val_split, facts, train=False)
     log = MLPerfLogger(out_dir / cfg.mlperf.log_file if topology.is_main else None)
     if topology.is_main:
         (out_dir / rundir.CONFIG).write_text(resolved)
     if checkpoint is None:
         log.event(constants.CACHE_CLEAR, True)
         log.start(constants.INIT_START)
-        platform = submission_platform(cfg, policy)
+        platform = submission_platform(cfg, facts.policy)
         log_submission(log, Submission(cfg.mlperf.org, platform, cfg.mlperf.division, cfg.mlperf.status))
         log.event(constants.SEED, cfg.run.seed)
     if topology.is_main:
         say(describe_dataset(train_split, val_split))
-        announce(cfg, policy, topology)
+        announce(cfg, facts)
 
     # Model, optimizer with the MLPerf parameter groups and precision policy, on the device; the schedule by step.
-    backend = build.from_config(cfg, len(train_split.classes), topology)
-    if (
-        cfg.device.compile or cfg.device.cuda_graphs
-    ):  # compiled and captured in MLPerf's init phase, not the timed steps
-        shape = batch_shape(cfg, topology.world_size)
-        backend.compile_ahead(shape.per_rank, val_loader.batch_sizes(), cfg.data.image_size, len(train_split.classes))
+    classes = len(train_split.classes)
+    backend = build.from_config(cfg, facts, classes)
+    if cfg.device.compile or cfg.device.cuda_graphs:  # compiled and captured in MLPerf's init phase, not timed steps
+        backend.compile_ahead(facts.shape.per_rank, val_loader.batch_sizes(), cfg.data.image_size, classes)
     if cfg.mlperf.clock == "device":
         log.clock = backend.now  # from here on the log, and the time-to-train, are in the simulated IPUs' time
     steps_per_epoch = len(train_loader)
@@ -227,7 +224,7 @@ def train(cfg: Config, out_dir: Path, topology: Topology, resolved: str) -> tupl
     metrics = MetricsCSV(out_dir / rundir.METRICS if topology.is_main else None, tensorboard)
     run = Run(cfg, out_dir, topology, log, metrics, backend, train_loader, val_loader, schedule, steps_per_epoch)
     if checkpoint is None:
-        log_hyperparameters(log, hyperparameters(cfg, schedule, topology.world_size, train_split, val_split))
+        log_hyperparameters(log, hyperparameters(cfg, schedule, facts.shape, train_split, val_split))
         log.end(constants.INIT_STOP)
         distributed.barrier()  # every rank is ready when the clock starts
         log.start(constants.RUN_START)
@@ -244,16 +241,16 @@ def train(cfg: Config, out_dir: Path, topology: Topology, resolved: str) -> tupl
     return finish(run, status, accuracy)
 
 
-def announce(cfg: Config, policy: Policy, topology: Topology) -> None:
+def announce(cfg: Config, facts: RunFacts) -> None:
     """The precision policy as it runs here, and the ranks."""
+    policy, topology = facts.policy, facts.topology
     say(f"precision {policy.describe()}")
     if cfg.data.workers is None:
         say(f"data.workers=null: {loader_workers(cfg, topology)} loader processes, this rank's cores but one")
     if policy.emulated and policy.compute == "bf16" and cfg.precision.emulate == "auto":
         say("bf16 is emulated: this CPU has no native bf16 kernels (precision.emulate=never forces them)")
     if topology.distributed:
-        span = batch_shape(cfg, topology.world_size).bn_span
-        say(f"{topology.world_size} ranks ({topology.launcher}), BN span {span}")
+        say(f"{topology.world_size} ranks ({topology.launcher}), BN span {facts.shape.bn_span}")
 
 
 def resume(run: Run, checkpoint: dict[str, Any]) -> None:

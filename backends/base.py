@@ -3,11 +3,26 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
 
+from configs.shape import BatchShape
+from distributed.topology import Topology
 from optim.precision import Policy
+
+
+@dataclass(frozen=True)
+class RunFacts:
+    """What a run works out once, at the top (backends.build.run_facts), and hands down: this rank of the launch,
+    the torch device its steps run on, the precision policy as that device runs it, and how the global batch is
+    dealt. Nothing below train.py derives them again."""
+
+    topology: Topology
+    device: torch.device
+    policy: Policy
+    shape: BatchShape
 
 
 class Backend(Protocol):

@@ -1,24 +1,26 @@
-"""The backend of a run: the device name picks its class, and the class builds itself from the config."""
+"""The backend of a run: the device name picks its class, and the class builds itself from the config and the
+run's facts, which are worked out here once."""
 
 from __future__ import annotations
 
-import torch
-
-from backends.base import Backend
-from backends.config import DeviceConfig
+from backends.base import Backend, RunFacts
 from backends.ipu_sim.backend import IpuSimBackend
 from backends.native import NativeBackend
-from configs.schema import Config
+from configs.schema import Config, batch_shape
 from distributed import Topology
+from optim.precision import Policy
 
 BACKENDS: dict[str, type[NativeBackend]] = {"cpu": NativeBackend, "cuda": NativeBackend, "ipu_sim": IpuSimBackend}
 
 
-def from_config(cfg: Config, classes: int, topology: Topology) -> Backend:
-    """The backend of cfg.device.name for a model of `classes` classes, on this rank of `topology`."""
-    return BACKENDS[cfg.device.name].from_config(cfg, classes, topology)
+def run_facts(cfg: Config, topology: Topology) -> RunFacts:
+    """This rank's device (the CPU, or the GPU of its local rank; a ConfigError where there is none), the precision
+    policy as that device runs it, and the batch shape over the launch's ranks."""
+    device = BACKENDS[cfg.device.name].select_device(cfg.device, topology.local_rank)
+    policy = Policy.for_device(cfg.precision, device.type)
+    return RunFacts(topology, device, policy, batch_shape(cfg, topology.world_size))
 
 
-def select_device(cfg: DeviceConfig, local_rank: int) -> torch.device:
-    """The torch device that device `cfg.name`'s steps run on, for the rank of `local_rank` on its machine."""
-    return BACKENDS[cfg.name].select_device(cfg, local_rank)
+def from_config(cfg: Config, facts: RunFacts, classes: int) -> Backend:
+    """The backend of cfg.device.name for a model of `classes` classes, on this rank's device."""
+    return BACKENDS[cfg.device.name].from_config(cfg, facts, classes)

@@ -15,11 +15,11 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
+from backends.base import RunFacts
 from backends.config import DeviceConfig
 from backends.graphs import GraphedStep, restore_in_place, why_not_captured
 from configs.checks import ConfigError
 from configs.schema import Config
-from distributed import Topology
 from distributed.allreduce import GradientBuckets, Stopwatch
 from distributed.batchnorm import DistributedBatchNorm2d
 from distributed.group import average_over_ranks, broadcast_from_main
@@ -103,13 +103,12 @@ class NativeBackend:
         return lr
 
     @classmethod
-    def from_config(cls, cfg: Config, classes: int, topology: Topology) -> Self:
+    def from_config(cls, cfg: Config, facts: RunFacts, classes: int) -> Self:
         """ResNet-50 with the configured norm layer, LARS or SGD with the MLPerf parameter groups, and the precision
         policy, bound to this rank's device."""
-        device = cls.select_device(cfg.device, topology.local_rank)
         layout = {"channels_last": cfg.device.channels_last, "four_channel_input": cfg.device.pad_input_channels}
         model = build_resnet50(classes, norm_layer(cfg), cfg.model.zero_init_residual, **layout)
-        return cls(model, optimizer_for(cfg, model), device, **settings(cfg, device))
+        return cls(model, optimizer_for(cfg, model), facts.device, **settings(cfg, facts))
 
     @staticmethod
     def select_device(cfg: DeviceConfig, local_rank: int) -> torch.device:
@@ -331,12 +330,13 @@ def optimizer_for(cfg: Config, model: nn.Module) -> torch.optim.Optimizer:
     return build_optimizer(o.name, model, **hyper, foreach=cfg.device.foreach)
 
 
-def settings(cfg: Config, device: torch.device) -> dict[str, Any]:
-    """The constructor's keyword arguments that every backend reads from the config alike."""
+def settings(cfg: Config, facts: RunFacts) -> dict[str, Any]:
+    """The constructor's keyword arguments that every backend reads from the config and the run's facts alike."""
+    device = facts.device
     return {
         "label_smoothing": cfg.optim.label_smoothing,
         "grad_accum": cfg.dist.grad_accum,
-        "policy": Policy.for_device(cfg.precision, device.type),
+        "policy": facts.policy,
         "seed": cfg.run.seed * 1_000_003,  # one rounding stream on every rank: replicas keep identical weights
         "bucket_mb": cfg.dist.bucket_mb,
         "overlap": cfg.dist.overlap,

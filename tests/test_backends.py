@@ -8,6 +8,7 @@ import torch
 from torch._dynamo.utils import counters
 
 from backends import build
+from backends.base import Backend
 from backends.config import DEVICES
 from backends.graphs import why_not_captured
 from backends.ipu_sim.backend import IpuSimBackend
@@ -19,8 +20,13 @@ from distributed.batchnorm import DistributedBatchNorm2d
 from optim.lars import LARS
 from optim.params import param_groups
 from optim.precision import Policy, PrecisionConfig
-from tests.conftest import composed, config_error
+from tests.conftest import composed, config_error, facts_on
 from tests.test_precision import TinyNet
+
+
+def built_from(cfg: Config, classes: int = 4) -> Backend:
+    """The backend train.py builds from `cfg` on one rank."""
+    return build.from_config(cfg, build.run_facts(cfg, Topology()), classes)
 
 
 def test_every_device_name_the_schema_allows_has_a_backend():
@@ -43,7 +49,7 @@ def test_each_precision_file_means_the_policy_its_name_says():
 
 def test_a_cpu_backend_is_built_from_the_config_values_it_needs():
     cfg = composed("optim=lars", "precision=fp16.32", "optim.label_smoothing=0.1", "dist.grad_accum=2")
-    backend = build.from_config(cfg, classes=7, topology=Topology())
+    backend = built_from(cfg, classes=7)
     assert type(backend) is NativeBackend and backend.device == torch.device("cpu")
     assert isinstance(backend.optimizer, LARS) and backend.model.fc.out_features == 7
     assert backend.policy == Policy.for_device(cfg.precision, "cpu") and backend.policy.emulated
@@ -53,7 +59,7 @@ def test_a_cpu_backend_is_built_from_the_config_values_it_needs():
 @pytest.mark.parametrize(("optimizer", "foreach"), [("lars", "true"), ("sgd", "false"), ("lars", "null")])
 def test_device_foreach_picks_the_optimizers_implementation(optimizer, foreach):
     cfg = composed(f"optim={optimizer}", f"device.foreach={foreach}")
-    backend = build.from_config(cfg, classes=4, topology=Topology())
+    backend = built_from(cfg)
     assert {group["foreach"] for group in backend.optimizer.param_groups} == {cfg.device.foreach}
 
 
@@ -62,8 +68,8 @@ def test_device_foreach_picks_the_optimizers_implementation(optimizer, foreach):
 )
 def test_device_bn_16bit_input_is_on_for_cuda_unless_set(value, on_cuda, on_cpu):
     cfg = composed(f"device.bn_16bit_input={value}")
-    assert settings(cfg, torch.device("cuda"))["batchnorm_16bit"] is on_cuda
-    assert settings(cfg, torch.device("cpu"))["batchnorm_16bit"] is on_cpu
+    assert settings(cfg, facts_on(cfg, torch.device("cuda")))["batchnorm_16bit"] is on_cuda
+    assert settings(cfg, facts_on(cfg, torch.device("cpu")))["batchnorm_16bit"] is on_cpu
 
 
 def random_batch(batch: int, image_size: int, classes: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -150,7 +156,7 @@ def test_a_compiled_resnet50_from_the_config_trains_and_evaluates_as_the_eager_o
     built = []
     for compiled in ("false", "true"):
         torch.manual_seed(0)
-        built.append(build.from_config(composed(*shape, f"device.compile={compiled}"), 4, Topology()))
+        built.append(built_from(composed(*shape, f"device.compile={compiled}")))
     built[1].compile_ahead(train_batch=4, eval_batches=[4], image_size=32, classes=4)
     losses = trained_side_by_side(built, (4, 32), classes=4)
     assert_trained_alike(*built, losses)
@@ -169,7 +175,7 @@ def test_batchnorm_spans_the_configured_group_of_ranks():
 def test_a_simulated_ipu_backend_takes_its_ranks_share_of_the_replicas():
     overrides = ("device=ipu_pod16", "device.replicas=4", "data.global_batch=16", "dist.bn_group_size=2")
     cfg = composed(*overrides, world_size=2)
-    backend = build.from_config(cfg, classes=4, topology=Topology(rank=1, world_size=2))
+    backend = build.from_config(cfg, build.run_facts(cfg, Topology(rank=1, world_size=2)), 4)
     assert type(backend) is IpuSimBackend and backend.device == torch.device("cpu")
     assert (backend.replicas, backend.bn_group) == (2, 2)
     assert backend.clock.step_s > 0  # timed by the cost model once the memory plan fits
@@ -200,7 +206,7 @@ def test_a_pipeline_split_that_is_not_a_module_boundary_is_a_config_error(split,
     cfg = composed("device=ipu_pod16", "device.replicas=2", "data.global_batch=16", "dist.grad_accum=2")
     cfg.device.pipeline_splits = [split]
     with pytest.raises(ConfigError) as refused:
-        build.from_config(cfg, classes=4, topology=Topology())
+        built_from(cfg)
     assert refused.value.key == "device.pipeline_splits" and str(refused.value).endswith(message)
 
 
@@ -223,7 +229,7 @@ def test_cuda_graphs_are_settled_before_the_clock_starts(capsys):
     """train.py's compile_ahead tries the capture in the init phase: on the CPU the reason is said there, once,
     and the first timed step neither tries again nor says it again."""
     shape = ("data.image_size=32", "data.eval_resize=32", "data.global_batch=4", "precision=fp32")
-    backend = build.from_config(composed(*shape, "device.cuda_graphs=true"), 4, Topology())
+    backend = built_from(composed(*shape, "device.cuda_graphs=true"))
     backend.compile_ahead(train_batch=4, eval_batches=[4], image_size=32, classes=4)
     assert "device.cuda_graphs: there is no CUDA graph on cpu; the step runs eagerly" in capsys.readouterr().out
     backend.train_step(*random_batch(4, 32, 4), lr=0.1)
@@ -235,7 +241,7 @@ def test_cuda_graphs_on_the_cpu_says_why_and_trains_eagerly(capsys):
     built = []
     for graphs in ("false", "true"):
         torch.manual_seed(0)
-        built.append(build.from_config(composed(*shape, f"device.cuda_graphs={graphs}"), 4, Topology()))
+        built.append(built_from(composed(*shape, f"device.cuda_graphs={graphs}")))
     losses = trained_side_by_side(built, (4, 32), classes=4)
     out = capsys.readouterr().out
     assert out.count("device.cuda_graphs: there is no CUDA graph on cpu; the step runs eagerly") == 1

@@ -19,7 +19,6 @@ import torch.distributed as dist
 import checkpoint
 import distributed
 from assemble import make_loader
-from backends.build import select_device
 from backends.config import DeviceConfig
 from backends.native import NativeBackend
 from configs.checks import ConfigError
@@ -38,6 +37,7 @@ from optim.params import param_groups
 from optim.precision import DTYPES, MixedPrecision, Policy, emulates
 from optim.stochastic_rounding import round_stochastic
 from tests import test_data
+from tests.conftest import facts_on
 from tests.ranks import free_port
 from tests.test_data import loader_for
 from tests.test_precision import POLICIES, TinyNet, on_grid
@@ -72,7 +72,7 @@ def train_split(root: Path) -> Split:
 
 def test_cuda_without_a_gpu_is_a_config_error_that_says_what_to_use(no_gpu: None) -> None:
     with pytest.raises(ConfigError) as refused:
-        select_device(DeviceConfig(name="cuda"), local_rank=0)
+        NativeBackend.select_device(DeviceConfig(name="cuda"), local_rank=0)
     assert refused.value.key == "device.name"
     assert "no CUDA device is available" in refused.value.message and "device=cpu" in refused.value.message
 
@@ -80,9 +80,9 @@ def test_cuda_without_a_gpu_is_a_config_error_that_says_what_to_use(no_gpu: None
 def test_each_local_rank_gets_its_own_gpu_and_a_rank_without_one_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
-    assert select_device(DeviceConfig(name="cuda"), local_rank=1) == torch.device("cuda", 1)
+    assert NativeBackend.select_device(DeviceConfig(name="cuda"), local_rank=1) == torch.device("cuda", 1)
     with pytest.raises(ConfigError, match=re.escape("local rank 2 has no GPU (2 here)")):
-        select_device(DeviceConfig(name="cuda"), local_rank=2)
+        NativeBackend.select_device(DeviceConfig(name="cuda"), local_rank=2)
 
 
 @pytest.mark.parametrize("compute", ["fp32", "bf16", "fp16"])
@@ -104,7 +104,7 @@ def test_16_bit_compute_on_cuda_is_native_unless_emulation_is_forced(
 def test_batches_are_pinned_for_a_cuda_device_only(tiny_tree: Path) -> None:
     split = train_split(tiny_tree)
     for device, pinned in ((torch.device("cpu"), False), (CUDA, True)):
-        loader = make_loader(config(), split, Topology(), train=True, device=device)
+        loader = make_loader(config(), split, facts_on(config(), device), train=True)
         assert loader._loader.pin_memory is pinned, device
 
 
@@ -124,8 +124,8 @@ def test_a_loader_asked_to_pin_gives_the_same_batches_with_or_without_a_gpu(tiny
 def test_batches_for_a_gpu_arrive_on_it_copied_ahead_on_a_side_stream(tiny_tree: Path, workers: int) -> None:
     cfg = config(workers)
     cfg.data.global_batch = 2  # three batches of the six images: each copied while the one before is in use
-    on_host = list(make_loader(cfg, train_split(tiny_tree), Topology(), train=True, device=CPU))
-    loader = make_loader(cfg, train_split(tiny_tree), Topology(), train=True, device=CUDA)
+    on_host = list(make_loader(cfg, train_split(tiny_tree), facts_on(cfg, CPU), train=True))
+    loader = make_loader(cfg, train_split(tiny_tree), facts_on(cfg, CUDA), train=True)
     assert loader._loader.pin_memory  # the side stream's copies are from pinned memory, so they do not block
     on_gpu = [(images.clone(), labels.clone()) for images, labels in loader]  # clones: on the compute stream
     torch.cuda.synchronize()

@@ -10,6 +10,7 @@ import torch
 from PIL import Image
 
 from assemble import loader_workers, too_few_images
+from configs.schema import batch_shape
 from data import folder
 from data.folder import find_classes, open_split
 from data.loader import BatchDataset, Crops, Loader, build_loader, workers_for_cores
@@ -306,9 +307,9 @@ def test_a_training_set_smaller_than_a_batch_is_refused_with_the_batch_that_fits
     )
     assert not run_dir.exists()
     cfg = composed("experiment=imagenet", f"data.root={tiny_tree}")
-    four_ranks = too_few_images(6, 3264, cfg, Topology(rank=0, world_size=4))
+    four_ranks = too_few_images(6, batch_shape(cfg, world_size=4))
     assert four_ranks.endswith("give data.global_batch=4 (or fewer)")  # divisible by the 4 ranks
-    assert too_few_images(3, 3264, cfg, Topology(rank=0, world_size=4)).endswith("the set needs at least 4 images")
+    assert too_few_images(3, batch_shape(cfg, world_size=4)).endswith("the set needs at least 4 images")
 
 
 def test_your_own_images_train_to_the_end_with_the_documented_command(tmp_path):

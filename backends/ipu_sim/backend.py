@@ -20,13 +20,13 @@ import torch
 import torch.distributed as dist
 from torch.nn.modules.batchnorm import _BatchNorm
 
+from backends.base import RunFacts
 from backends.config import DeviceConfig
 from backends.ipu_sim import simulator
 from backends.ipu_sim.clock import DeviceClock
 from backends.ipu_sim.pipeline import Pipeline
 from backends.native import NativeBackend, Pass, optimizer_for, settings, use_threads
 from configs.schema import Config
-from distributed import Topology
 
 
 class IpuSimBackend(NativeBackend):
@@ -74,21 +74,20 @@ class IpuSimBackend(NativeBackend):
         self.group_stats = [[s.clone() for s in self.running_stats] for _ in range(groups)] if swapped else []
 
     @classmethod
-    def from_config(cls, cfg: Config, classes: int, topology: Topology) -> Self:
+    def from_config(cls, cfg: Config, facts: RunFacts, classes: int) -> Self:
         """The native backend's parts on the host, with plain BatchNorm and this rank's share of the replicas, once
         the system's memory plan fits; the system's clock times the steps."""
-        device = cls.select_device(cfg.device, topology.local_rank)
         model = simulator.build_model(cfg, classes)
-        clock = simulator.clock(cfg, model, announce=topology.is_main)
+        clock = simulator.clock(cfg, model, announce=facts.topology.is_main)
         return cls(
             model,
             optimizer_for(cfg, model),
-            device,
-            replicas=cfg.device.replicas // topology.world_size,
+            facts.device,
+            replicas=cfg.device.replicas // facts.topology.world_size,
             bn_group=cfg.dist.bn_group_size,
             clock=clock,
             pipeline_splits=cfg.device.pipeline_splits,
-            **settings(cfg, device),
+            **settings(cfg, facts),
         )
 
     @staticmethod

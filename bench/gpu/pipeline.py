@@ -85,7 +85,7 @@ def loader(args: argparse.Namespace, sizes: stage.Sizes) -> stage.Figures:
         for workers in sizes.workers:
             cfg = config(args, sizes, f"data.workers={workers}", f"data.decode={decode}")
             train, _ = open_splits(cfg, Topology())
-            batches = make_loader(cfg, train, Topology(), train=True, device=stage.device())
+            batches = make_loader(cfg, train, build.run_facts(cfg, Topology()), train=True)
             key = str(workers) if decode == "cpu" else f"{decode}/{workers}"
             rates[key] = round(throughput(batches, LOADER_SECONDS[args.tiny]), 1)
             print(key, "workers:", rates[key], "img/s", flush=True)
@@ -117,10 +117,10 @@ def fastest(work: Path) -> list[str]:
 def e2e(args: argparse.Namespace, sizes: stage.Sizes) -> stage.Figures:
     overrides = fastest(args.work)
     cfg = config(args, sizes, *overrides)
-    device = stage.device()
+    facts = build.run_facts(cfg, Topology())
     train, _ = open_splits(cfg, Topology())
-    batches = endless(make_loader(cfg, train, Topology(), train=True, device=device))
-    backend = build.from_config(cfg, CLASSES, Topology())
+    batches = endless(make_loader(cfg, train, facts, train=True))
+    backend = build.from_config(cfg, facts, CLASSES)
     lr = cfg.optim.base_lr / 100
 
     def step() -> object:
