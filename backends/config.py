@@ -68,22 +68,33 @@ def validate_ipu(device: DeviceConfig, bn_group_size: int, shape: BatchShape) ->
         f"{shape.global_batch} is not micro-batch {micro} x dist.grad_accum {accum} x {device.replicas} replicas",
     )
     stages = len(device.pipeline_splits) + 1
-    require(
-        stages == 1 or accum >= stages,
-        "dist.grad_accum",
-        f"a pipeline of {stages} stages needs at least {stages} micro-batches per update, got {accum}",
-    )
+    short = pipeline_short_of_micro_batches(stages, accum)
+    require(short is None, "dist.grad_accum", str(short))
     require(
         device.replicas * stages <= system.ipus,
         "device.replicas",
         f"{device.replicas} replicas x {stages} IPUs each need more than the {system.ipus} IPUs of {system.name}",
     )
-    per_rank = device.replicas // shape.ranks
-    require(
-        bn_group_size >= 1 and per_rank % bn_group_size == 0,
-        "dist.bn_group_size",
-        f"BatchNorm groups of {bn_group_size} replicas must divide the {per_rank} replicas of a rank",
-    )
+    misfit = bn_groups_misfit(bn_group_size, device.replicas // shape.ranks)
+    require(misfit is None, "dist.bn_group_size", str(misfit))
     if device.device_iterations is not None:
         positive(device.device_iterations, "device.device_iterations")
     one_of(device.optimizer_state, "device.optimizer_state", OPTIMIZER_STATES)
+
+
+# The simulated IPU's layout rules, each stated once: the config's check names the key, the backend (built directly,
+# as tests do) raises ValueError with the same words.
+
+
+def pipeline_short_of_micro_batches(stages: int, grad_accum: int) -> str | None:
+    """Why a pipeline of `stages` cannot run `grad_accum` micro-batches per update (each stage needs one in flight)."""
+    if stages == 1 or grad_accum >= stages:
+        return None
+    return f"a pipeline of {stages} stages needs at least {stages} micro-batches per update, got {grad_accum}"
+
+
+def bn_groups_misfit(bn_group: int, replicas: int) -> str | None:
+    """Why BatchNorm groups of `bn_group` replicas do not divide a rank's `replicas`."""
+    if bn_group >= 1 and replicas % bn_group == 0:
+        return None
+    return f"BatchNorm groups of {bn_group} replicas must divide the {replicas} replicas of a rank"

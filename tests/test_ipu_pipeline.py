@@ -114,7 +114,7 @@ def test_in_the_main_phase_every_stage_runs_one_forward_and_one_backward_per_cyc
 def test_a_pipeline_needs_as_many_micro_batches_as_stages():
     with pytest.raises(ValueError, match="a pipeline of 3 stages needs at least 3"):
         schedule(3, 2)
-    with pytest.raises(ValueError, match="needs grad_accum >= 3"):
+    with pytest.raises(ValueError, match="a pipeline of 3 stages needs at least 3 micro-batches per update, got 2"):
         ipu_sim(net(), 2, ["3", "6"])
 
 

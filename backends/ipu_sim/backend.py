@@ -21,7 +21,7 @@ import torch.distributed as dist
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from backends.base import RunFacts
-from backends.config import DeviceConfig
+from backends.config import DeviceConfig, bn_groups_misfit, pipeline_short_of_micro_batches
 from backends.ipu_sim import simulator
 from backends.ipu_sim.clock import DeviceClock
 from backends.ipu_sim.pipeline import Pipeline
@@ -60,12 +60,10 @@ class IpuSimBackend(NativeBackend):
         policy = self.precision.policy
         self.stochastic_activations = policy.emulated and policy.stochastic_rounding
         self.steps = 0
-        if replicas % bn_group:
-            raise ValueError(f"a BatchNorm group of {bn_group} replicas does not divide {replicas} replicas")
         self.pipeline = Pipeline(self.model, pipeline_splits) if pipeline_splits else None
-        if self.pipeline and self.grad_accum < len(self.pipeline.stages):
-            stages = len(self.pipeline.stages)
-            raise ValueError(f"a pipeline of {stages} stages needs grad_accum >= {stages}, not {self.grad_accum}")
+        stages = len(self.pipeline.stages) if self.pipeline else 1
+        if why := bn_groups_misfit(bn_group, replicas) or pipeline_short_of_micro_batches(stages, self.grad_accum):
+            raise ValueError(why)
         self.replicas = replicas
         self.bn_group = bn_group
         self.running_stats = [stat for m in self.model.modules() if isinstance(m, _BatchNorm) for stat in _stats(m)]

@@ -26,6 +26,7 @@ from typing import NamedTuple
 import torch
 from torch import fx, nn
 
+from backends.config import pipeline_short_of_micro_batches
 from backends.native import Pass
 
 Forward = Callable[[nn.Module, torch.Tensor], torch.Tensor]  # a stage's forward under the precision policy
@@ -42,8 +43,8 @@ class Event(NamedTuple):
 def schedule(stages: int, micro_batches: int) -> list[Event]:
     """The grouped pipeline's events in execution order: by cycle, then stage, a stage's forward before its
     backward (the last stage runs a micro-batch's backward right after its forward, in the same cycle)."""
-    if micro_batches < stages:
-        raise ValueError(f"a pipeline of {stages} stages needs at least {stages} micro-batches, not {micro_batches}")
+    if why := pipeline_short_of_micro_batches(stages, micro_batches):
+        raise ValueError(why)
     last = stages - 1
     events = [
         event
