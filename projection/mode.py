@@ -10,7 +10,7 @@ import torch
 import rundir
 from assemble import dataset_shape
 from backends.ipu_sim import simulator
-from configs.schema import Config
+from configs.schema import Config, batch_shape
 from projection.ipu import report
 from projection.ipu.cost import Schedule
 
@@ -20,7 +20,8 @@ def project(cfg: Config, out_dir: Path | None) -> None:
     projected epoch and time-to-train for run.max_epochs; write them into `out_dir` too (rank 0's)."""
     torch.manual_seed(cfg.run.seed)
     classes, train_images, eval_images = dataset_shape(cfg)
-    plan = simulator.plan(cfg, simulator.build_model(cfg, classes))
+    shape = batch_shape(cfg, world_size=1)  # a simulated system's replicas, whatever the ranks that project it
+    plan = simulator.plan(cfg, shape, simulator.build_model(cfg, classes))
     mlperf = cfg.mlperf
     schedule = Schedule(cfg.run.max_epochs, train_images, eval_images, mlperf.eval_every, mlperf.first_eval)
     said, figures = report.project(plan, simulator.system_of(cfg), schedule).rsplit("\n", 1)

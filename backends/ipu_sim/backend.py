@@ -76,7 +76,7 @@ class IpuSimBackend(NativeBackend):
         """The native backend's parts on the host, with plain BatchNorm and this rank's share of the replicas, once
         the system's memory plan fits; the system's clock times the steps."""
         model = simulator.build_model(cfg, classes)
-        clock = simulator.clock(cfg, model, announce=facts.topology.is_main)
+        clock = simulator.clock(cfg, facts.shape, model, announce=facts.topology.is_main)
         return cls(
             model,
             optimizer_for(cfg, model),

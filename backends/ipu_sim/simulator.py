@@ -11,7 +11,8 @@ from backends.ipu_sim import pipeline
 from backends.ipu_sim.clock import DeviceClock
 from backends.ipu_sim.config import System
 from configs.checks import ConfigError
-from configs.schema import Config, batch_shape
+from configs.schema import Config
+from configs.shape import BatchShape
 from models import batchnorm, build_resnet50
 from projection.ipu import cost
 from projection.ipu.cost import Constants
@@ -19,12 +20,12 @@ from projection.ipu.memory import OutOfMemory
 from projection.ipu.plan import Layout, Plan, plan_run
 
 
-def layout(cfg: Config) -> Layout:
+def layout(cfg: Config, shape: BatchShape) -> Layout:
     """The run's layout on the simulated IPU system, as the probe, the memory plan and the cost model read it."""
     device = cfg.device
     return Layout(
         replicas=device.replicas,
-        micro_batch=batch_shape(cfg, world_size=1).micro_batch,
+        micro_batch=shape.micro_batch,
         grad_accum=cfg.dist.grad_accum,
         image_size=cfg.data.image_size,
         splits=tuple(device.pipeline_splits),
@@ -55,27 +56,27 @@ def build_model(cfg: Config, classes: int) -> nn.Module:
     return model
 
 
-def plan(cfg: Config, model: nn.Module) -> Plan:
+def plan(cfg: Config, shape: BatchShape, model: nn.Module) -> Plan:
     """Probe one micro-batch of `model` on the host and plan each IPU's memory."""
     try:
-        return plan_run(model, layout(cfg), system_of(cfg).chip)
+        return plan_run(model, layout(cfg, shape), system_of(cfg).chip)
     except ValueError as err:  # a split or recomputation checkpoint the model does not run
         raise ConfigError("device", str(err)) from err
 
 
-def clock(cfg: Config, model: nn.Module, announce: bool) -> DeviceClock:
+def clock(cfg: Config, shape: BatchShape, model: nn.Module, announce: bool) -> DeviceClock:
     """The system's clock, timed by the cost model, for a run whose memory plan fits: an oversubscribed plan is
     refused with the per-IPU table, as the IPU compiler refuses it."""
-    planned, system = plan(cfg, model), system_of(cfg)
+    planned, system = plan(cfg, shape, model), system_of(cfg)
     try:
         planned.memory.check()
     except OutOfMemory as err:
         raise ConfigError("device", str(err)) from err
     if announce:
         print(f"IPU memory of {system.name}: {planned.memory.suggestion()}", flush=True)
-    shape = planned.layout.shape()
-    step = cost.step_time(planned.profile, system, shape, Constants())
-    return DeviceClock(step.total_s, cost.eval_image_s(planned.profile, system, shape, Constants()))
+    run = planned.layout.shape()  # the cost model's view of the layout
+    step = cost.step_time(planned.profile, system, run, Constants())
+    return DeviceClock(step.total_s, cost.eval_image_s(planned.profile, system, run, Constants()))
 
 
 def system_of(cfg: Config) -> System:
