@@ -9,7 +9,7 @@ import pytest
 
 from projection.ipu import calibrate
 from projection.ipu.cost import Constants
-from projection.ipu.uncertainty import ASSUMPTIONS, Assumption, corners, headline, report
+from projection.ipu.uncertainty import ASSUMPTIONS, Assumption, column, corners, headline, report
 from tests.systems import resnet50_profile, system
 
 refit = calibrate.refitter(resnet50_profile(), calibrate.in_sample_systems())
@@ -97,3 +97,10 @@ def test_the_headline_gives_the_answer_with_its_range_or_says_why_it_has_none():
     assert headline(fitted, epochs=41).endswith(
         "no range: the constants are fitted to this very layout, so no assumption moves it"
     )
+
+
+def test_a_tables_range_that_no_assumption_moves_reads_fixed_not_a_range_of_zero_width():
+    """python -m projection.ipu.calibrate's tables: the POD64's throughput printed "108,115-108,115" before."""
+    rate = scaled("ipu_pod64", grad_accum=3).throughput_img_s
+    assert column(*rate, "{:,.0f}".format) == "fixed"
+    assert column(29498.2, 29542.4, "{:,.0f}".format) == "29,498-29,542"

@@ -47,9 +47,11 @@ from projection.ipu.plan import Layout, plan_run
 from projection.ipu.profile import ModelProfile
 from projection.ipu.uncertainty import (
     ASSUMPTIONS,
+    FIXED,
     Assumption,
     Interval,
     Refit,
+    column,
     corners,
     describe,
     figures,
@@ -241,6 +243,7 @@ def print_calibration(profile: ModelProfile, systems: Mapping[str, System], cons
     print(f"{'system':<10} {'b x K x R':>10} {'img/s':>9} {'range':>17} {'published':>10} {'error':>7}", end="")
     print(f" {'TTT min':>8} {'range':>15} {'published':>10} {'error':>7} {'steady epoch s':>15}")
     summary: dict[str, object] = {name: getattr(constants, name) for name in FITTED}
+    fixed = False
     for published in IN_SAMPLE:
         system = systems[published.system]
         spread = interval(partial(project_published, profile, system, published), refit, constants)
@@ -248,13 +251,14 @@ def print_calibration(profile: ModelProfile, systems: Mapping[str, System], cons
         throughput_error = error(projection.throughput_img_s, published.throughput_img_s)
         ttt_error = error(projection.time_to_train_min, published.time_to_train_min)
         shape = published.shape
-        low, high = spread.throughput_img_s
-        first, last = spread.time_to_train_min
+        rates = column(*spread.throughput_img_s, "{:,.0f}".format)
+        minutes = column(*spread.time_to_train_min, "{:.3f}".format)
+        fixed |= "fixed" in (rates, minutes)
         print(
             f"{published.system:<10} {f'{shape.micro_batch}x{shape.grad_accum}x{shape.replicas}':>10}"
-            f" {projection.throughput_img_s:>9,.0f} {f'{low:,.0f}-{high:,.0f}':>17}"
+            f" {projection.throughput_img_s:>9,.0f} {rates:>17}"
             f" {published.throughput_img_s:>10,.0f} {throughput_error:>+6.1f}%"
-            f" {projection.time_to_train_min:>8.3f} {f'{first:.3f}-{last:.3f}':>15}"
+            f" {projection.time_to_train_min:>8.3f} {minutes:>15}"
             f" {published.time_to_train_min:>10.3f} {ttt_error:>+6.1f}%"
             f" {f'{projection.steady_epoch_s:.3f} / {published.steady_epoch_s:.3f}':>15}"
         )
@@ -263,6 +267,8 @@ def print_calibration(profile: ModelProfile, systems: Mapping[str, System], cons
             "time_to_train_error_pct": round(ttt_error, 2),
         }
     print("(throughput is MLPerf's: 1,281,167 images over the median logged epoch; the fit matches the steady one)")
+    if fixed:
+        print(f"({FIXED})")
     print(json.dumps(summary))
 
 
@@ -319,6 +325,7 @@ def print_scaling(profile: ModelProfile, constants: Constants, refit: Refit, gra
     header = f"{'system':<11} {'IPUs':>4} {'img/s/IPU':>9} {'range':>11} {'vs 16':>6} {'TTT min':>7} {'range':>11}"
     print(header + "  % of an update:" + "".join(f"{term:>10}" for term in STEP_TERMS), end="")
     print("  % of an epoch, paid per: micro-batch update round-trip checkpoint")
+    fixed = False
     summary: dict[str, object] = {}
     for names in SYSTEMS.values():
         smallest = None
@@ -329,11 +336,13 @@ def print_scaling(profile: ModelProfile, constants: Constants, refit: Refit, gra
             per_ipu = projection.throughput_img_s / system.ipus
             smallest = smallest or per_ipu
             low, high = (value / system.ipus for value in spread.throughput_img_s)
-            first, last = spread.time_to_train_min
+            rates = column(low, high, "{:,.0f}".format)
+            minutes = column(*spread.time_to_train_min, "{:.2f}".format)
+            fixed |= "fixed" in (rates, minutes)
             per_update, per_epoch = shares(projection, epochs)
             print(
-                f"{name:<11} {system.ipus:>4} {per_ipu:>9,.0f} {f'{low:,.0f}-{high:,.0f}':>11}"
-                f" {per_ipu / smallest:>6.3f} {projection.time_to_train_min:>7.2f} {f'{first:.2f}-{last:.2f}':>11}"
+                f"{name:<11} {system.ipus:>4} {per_ipu:>9,.0f} {rates:>11}"
+                f" {per_ipu / smallest:>6.3f} {projection.time_to_train_min:>7.2f} {minutes:>11}"
                 + " " * 16
                 + "".join(f"{value:>10.2f}" for value in per_update.values())
                 + " " * 20
@@ -344,6 +353,8 @@ def print_scaling(profile: ModelProfile, constants: Constants, refit: Refit, gra
                 "update_share_pct": {term: round(value, 3) for term, value in per_update.items()},
                 "epoch_share_pct": {term: round(value, 3) for term, value in per_epoch.items()},
             }
+    if fixed:
+        print(f"({FIXED})")
     print(json.dumps(summary))
 
 

@@ -182,6 +182,15 @@ def span(low: float, high: float, shown: Callable[[float], str]) -> str:
     return f"{shown(low)} to {shown(high)}" if shown(low) != shown(high) else "no assumed constant moves it"
 
 
+def column(low: float, high: float, shown: Callable[[float], str]) -> str:
+    """A range in a table's narrow column: "low-high", or "fixed" where its ends print the same (no assumed
+    constant moves it; the tables say so under them)."""
+    return f"{shown(low)}-{shown(high)}" if shown(low) != shown(high) else "fixed"
+
+
+FIXED = 'a range "fixed": no assumed constant moves the figure (the steady epochs it was fitted to fix it)'
+
+
 def headline(interval: Interval, epochs: int) -> str:
     """The answer first, for a reader new to IPUs: time to train and throughput, each with its range and what the
     range comes from (docs/ipu_sim.md explains the terms of the breakdown below it)."""
