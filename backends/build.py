@@ -3,6 +3,8 @@ run's facts, which are worked out here once."""
 
 from __future__ import annotations
 
+import torch
+
 from backends.base import Backend, RunFacts
 from backends.ipu_sim.backend import IpuSimBackend
 from backends.native import NativeBackend
@@ -16,9 +18,14 @@ BACKENDS: dict[str, type[NativeBackend]] = {"cpu": NativeBackend, "cuda": Native
 def run_facts(cfg: Config, topology: Topology) -> RunFacts:
     """This rank's device (the CPU, or the GPU of its local rank; a ConfigError where there is none), the precision
     policy as that device runs it, and the batch shape over the launch's ranks."""
-    device = BACKENDS[cfg.device.name].select_device(cfg.device, topology.local_rank)
-    policy = Policy.for_device(cfg.precision, device.type)
-    return RunFacts(topology, device, policy, batch_shape(cfg, topology.world_size))
+    return facts_on(cfg, topology, BACKENDS[cfg.device.name].select_device(cfg.device, topology.local_rank))
+
+
+def facts_on(cfg: Config, topology: Topology, device: torch.device) -> RunFacts:
+    """The run's facts with its steps on `device` (run_facts picks it; a test may name a GPU that is not there)."""
+    return RunFacts(
+        topology, device, Policy.for_device(cfg.precision, device.type), batch_shape(cfg, topology.world_size)
+    )
 
 
 def from_config(cfg: Config, facts: RunFacts, classes: int) -> Backend:

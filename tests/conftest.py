@@ -19,14 +19,12 @@ from omegaconf.errors import OmegaConfBaseException
 
 import rundir
 from assemble import open_splits
-from backends.base import RunFacts
 from configs.checks import ConfigError
 from configs.errors import describe
-from configs.schema import Config, batch_shape, register, validate
+from configs.schema import Config, register, validate
 from data.split import Split
 from data.synthetic import CACHE_ENV
 from distributed import Topology
-from optim.precision import Policy
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -263,11 +261,3 @@ def processes_mentioning(marker: str) -> list[int]:
         except (OSError, ValueError):
             continue
     return found
-
-
-def facts_on(cfg: Config, device: torch.device, topology: Topology | None = None) -> RunFacts:
-    """The run's facts as backends.build.run_facts works them out, on `device` whatever this machine has (a test of
-    what a CUDA run's loader does, on a machine without a GPU)."""
-    topology = topology or Topology()
-    policy = Policy.for_device(cfg.precision, device.type)
-    return RunFacts(topology, device, policy, batch_shape(cfg, topology.world_size))

@@ -9,6 +9,7 @@ from torch._dynamo.utils import counters
 
 from backends import build
 from backends.base import Backend
+from backends.build import facts_on
 from backends.config import DEVICES
 from backends.graphs import why_not_captured
 from backends.ipu_sim.backend import IpuSimBackend
@@ -20,7 +21,7 @@ from distributed.batchnorm import DistributedBatchNorm2d
 from optim.lars import LARS
 from optim.params import param_groups
 from optim.precision import Policy, PrecisionConfig
-from tests.conftest import composed, config_error, facts_on
+from tests.conftest import composed, config_error
 from tests.test_precision import TinyNet
 
 
@@ -68,8 +69,8 @@ def test_device_foreach_picks_the_optimizers_implementation(optimizer, foreach):
 )
 def test_device_bn_16bit_input_is_on_for_cuda_unless_set(value, on_cuda, on_cpu):
     cfg = composed(f"device.bn_16bit_input={value}")
-    assert settings(cfg, facts_on(cfg, torch.device("cuda")))["batchnorm_16bit"] is on_cuda
-    assert settings(cfg, facts_on(cfg, torch.device("cpu")))["batchnorm_16bit"] is on_cpu
+    assert settings(cfg, facts_on(cfg, Topology(), torch.device("cuda")))["batchnorm_16bit"] is on_cuda
+    assert settings(cfg, facts_on(cfg, Topology(), torch.device("cpu")))["batchnorm_16bit"] is on_cpu
 
 
 def random_batch(batch: int, image_size: int, classes: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:

@@ -10,13 +10,14 @@ import torch
 from PIL import Image
 
 from assemble import make_loader, open_splits
+from backends.build import facts_on
 from data import jpeg, loader
 from data.device_decode import decode_crops
 from data.split import DatasetError
 from data.transforms import Box, centre_crop_box, random_resized_crop_box
 from distributed import Topology
 from tests import jpeg_samples, test_data
-from tests.conftest import composed, facts_on
+from tests.conftest import composed
 from tests.test_data import loader_for
 
 COLOUR = ("baseline-420", "baseline-444", "progressive-422")
@@ -114,5 +115,5 @@ def test_a_file_without_a_header_ends_the_run_by_policy(tiny_tree: Path) -> None
 def test_data_decode_picks_who_decodes(tiny_tree: Path, decode: str, on_device: bool) -> None:
     cfg = composed("data=imagenet", f"data.root={tiny_tree}", "data.global_batch=2", f"data.decode={decode}")
     train, _ = open_splits(cfg, Topology())
-    made = make_loader(cfg, train, facts_on(cfg, CPU), train=True)
+    made = make_loader(cfg, train, facts_on(cfg, Topology(), CPU), train=True)
     assert made.dataset.encoded is on_device and made.device == CPU

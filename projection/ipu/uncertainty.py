@@ -176,16 +176,19 @@ def describe(name: str, assumption: Assumption, value: float) -> str:
     return f"{name} = {scale * value:g}{unit} ({scale * assumption.low:g} to {scale * assumption.high:g}{unit})"
 
 
-def span(low: float, high: float, shown: Callable[[float], str]) -> str:
-    """A range as printed, or where its ends print the same (the POD64's throughput, which its steady epochs fix),
-    that no assumption moves the figure: said in words, not as a range of zero width."""
-    return f"{shown(low)} to {shown(high)}" if shown(low) != shown(high) else "no assumed constant moves it"
+NOT_MOVED = "no assumed constant moves it"
+
+
+def span(low: float, high: float, shown: Callable[[float], str], joined: str = " to ", unmoved: str = NOT_MOVED) -> str:
+    """A range as printed ("low to high"; a table's narrow column joins with "-" and says "fixed"), or, where its
+    ends print the same (the POD64's throughput, which its steady epochs fix), that no assumption moves the figure:
+    said in words, not as a range of zero width."""
+    return f"{shown(low)}{joined}{shown(high)}" if shown(low) != shown(high) else unmoved
 
 
 def column(low: float, high: float, shown: Callable[[float], str]) -> str:
-    """A range in a table's narrow column: "low-high", or "fixed" where its ends print the same (no assumed
-    constant moves it; the tables say so under them)."""
-    return f"{shown(low)}-{shown(high)}" if shown(low) != shown(high) else "fixed"
+    """span() in a table's narrow column; the tables say under them what "fixed" means (FIXED)."""
+    return span(low, high, shown, "-", "fixed")
 
 
 FIXED = 'a range "fixed": no assumed constant moves the figure (the steady epochs it was fitted to fix it)'
