@@ -8,17 +8,17 @@ import time
 import torch
 
 import distributed
-from assemble import dataset_shape, seed_everything
 from backends import build
 from configs.schema import Config
+from data.datasets import dataset_size
 from distributed import Topology
 from models import random_batch
 
 
 def benchmark(cfg: Config, topology: Topology) -> None:
     """A warm-up step, then run.benchmark_steps timed ones; rank 0 prints the figures and one JSON line."""
-    seed_everything(cfg.run.seed, topology.rank)
-    classes, _, _ = dataset_shape(cfg)
+    distributed.seed_everything(cfg.run.seed, topology.rank)
+    classes, _, _ = dataset_size(cfg.data)
     facts = build.run_facts(cfg, topology)
     backend = build.from_config(cfg, facts, classes)
     device, policy = facts.device, facts.policy

@@ -13,9 +13,9 @@
 Everything the run writes goes to its Hydra output directory (rundir names each file): config.yaml (resolved),
 mlperf.log, metrics.csv, metrics.png, checkpoint.pt, and resume.sh after a stop. With several ranks, rank 0 picks the
 directory and writes alone. SIGTERM, SIGINT and SIGUSR1 stop the run at the next step boundary (distributed.stop).
-backends.build.from_config builds what trains (model, optimizer, precision policy, on its device), assemble.py the rest
-(data, schedule, log keys), checkpoint/ saves and restores a run; run.mode=benchmark and
-run.mode=project are benchmark.py and projection/mode.py.
+backends.build.from_config builds what trains (model, optimizer, precision policy, on its device), data.build the
+loaders, checkpoint/ saves and restores a run; run.mode=benchmark and run.mode=project are benchmark.py and
+projection/mode.py.
 """
 
 from __future__ import annotations
@@ -40,16 +40,6 @@ from omegaconf.errors import OmegaConfBaseException
 import checkpoint
 import distributed
 import rundir
-from assemble import (
-    eval_epochs,
-    hyperparameters,
-    loader_workers,
-    make_loader,
-    make_schedule,
-    open_splits,
-    seed_everything,
-    submission_platform,
-)
 from backends import build
 from backends.base import Backend, RunFacts
 from benchmark import benchmark
@@ -57,17 +47,18 @@ from checkpoint import CheckpointError, Loop, restore_point, restore_run
 from configs.checks import ConfigError
 from configs.errors import describe
 from configs.schema import Config, register, training_fingerprint, validate
+from data.build import loader_workers, make_loader, open_splits
 from data.datasets import describe_dataset
 from data.loader import Loader
 from data.split import DatasetError
 from data.synthetic import CACHE_ENV
 from distributed import LaunchError, PeerLost, Topology
 from distributed.stop import StopRequested, catch_stop_signals, tell_how_to_resume
-from mlperf_logs.hyperparameters import Submission, log_hyperparameters, log_submission
+from mlperf_logs.hyperparameters import Hyperparameters, Submission, log_hyperparameters, log_submission
 from mlperf_logs.logger import MLPerfLogger, constants
 from mlperf_logs.metrics import EpochMetrics, EpochTimer, MetricsCSV, plot
 from mlperf_logs.progress import Progress, epoch_line, job_log, print_summary, say
-from optim.precision import NonFiniteLoss
+from optim.precision import NonFiniteLoss, Policy
 from optim.schedule import Schedule
 from projection.mode import project
 
@@ -191,13 +182,13 @@ def train(cfg: Config, out_dir: Path, topology: Topology, resolved: str) -> tupl
     facts = build.run_facts(cfg, topology)  # this rank's device, its precision policy, the batch shape: worked out once
     fingerprint = training_fingerprint(cfg, topology.world_size)
     checkpoint = distributed.from_main(lambda: restore_point(out_dir, cfg.mlperf.log_file, cfg.run.resume, fingerprint))
-    seed_everything(cfg.run.seed, topology.rank)
+    distributed.seed_everything(cfg.run.seed, topology.rank)
 
     # Data: the index of both splits (the synthetic set is generated here on first use), then the loaders; a set
     # the run cannot use is refused here, before the run has a log or a config.yaml (and so no folder).
-    train_split, val_split = open_splits(cfg, topology)
-    train_loader = make_loader(cfg, train_split, facts, train=True)
-    val_loader = make_loader(cfg, val_split, facts, train=False)
+    train_split, val_split = open_splits(cfg.data, topology)
+    train_loader = make_loader(cfg.data, train_split, facts, seed=cfg.run.seed, train=True)
+    val_loader = make_loader(cfg.data, val_split, facts, seed=cfg.run.seed, train=False)
     log = MLPerfLogger(out_dir / cfg.mlperf.log_file if topology.is_main else None)
     if topology.is_main:
         (out_dir / rundir.CONFIG).write_text(resolved)
@@ -219,12 +210,13 @@ def train(cfg: Config, out_dir: Path, topology: Topology, resolved: str) -> tupl
     if cfg.mlperf.clock == "device":
         log.clock = backend.now  # from here on the log, and the time-to-train, are in the simulated IPUs' time
     steps_per_epoch = len(train_loader)
-    schedule = make_schedule(cfg, steps_per_epoch)
+    schedule = Schedule.for_run(cfg.optim, cfg.run.max_epochs, steps_per_epoch)
     tensorboard = out_dir / rundir.TENSORBOARD if cfg.run.tensorboard else None
     metrics = MetricsCSV(out_dir / rundir.METRICS if topology.is_main else None, tensorboard)
     run = Run(cfg, out_dir, topology, log, metrics, backend, train_loader, val_loader, schedule, steps_per_epoch)
     if checkpoint is None:
-        log_hyperparameters(log, hyperparameters(cfg, schedule, facts.shape, train_split, val_split))
+        hp = Hyperparameters.of_run(cfg.optim, facts.shape, schedule.decay_steps, len(train_split), len(val_split))
+        log_hyperparameters(log, hp)
         log.end(constants.INIT_STOP)
         distributed.barrier()  # every rank is ready when the clock starts
         log.start(constants.RUN_START)
@@ -246,11 +238,19 @@ def announce(cfg: Config, facts: RunFacts) -> None:
     policy, topology = facts.policy, facts.topology
     say(f"precision {policy.describe()}")
     if cfg.data.workers is None:
-        say(f"data.workers=null: {loader_workers(cfg, topology)} loader processes, this rank's cores but one")
+        say(f"data.workers=null: {loader_workers(cfg.data, topology)} loader processes, this rank's cores but one")
     if policy.emulated and policy.compute == "bf16" and cfg.precision.emulate == "auto":
         say("bf16 is emulated: this CPU has no native bf16 kernels (precision.emulate=never forces them)")
     if topology.distributed:
         say(f"{topology.world_size} ranks ({topology.launcher}), BN span {facts.shape.bn_span}")
+
+
+def submission_platform(cfg: Config, policy: Policy) -> str:
+    """The platform the log names; a log in simulated device time, or of emulated 16-bit arithmetic, says so."""
+    system = cfg.device.system
+    if cfg.mlperf.clock == "device" and system is not None:  # validate: device time is a simulated system's
+        return f"{system.name} simulated by rn50perf ipu_sim (device time)"
+    return cfg.mlperf.platform + (f" ({policy.compute} emulated in fp32)" if policy.emulated else "")
 
 
 def resume(run: Run, checkpoint: dict[str, Any]) -> None:
@@ -307,7 +307,7 @@ def train_to_target(run: Run) -> tuple[str, float | None]:
     Times are on the log's clock.
     """
     cfg, backend, log, loop = run.cfg, run.backend, run.log, run.loop
-    evals = eval_epochs(cfg.run.max_epochs, cfg.mlperf.first_eval, cfg.mlperf.eval_every)
+    evals = cfg.mlperf.eval_epochs(cfg.run.max_epochs)
     quiet = not run.topology.is_main
     progress = Progress("none" if quiet else cfg.run.progress, cfg.run.max_epochs, cfg.data.global_batch)
     timer = EpochTimer(lambda: run.train_loader.waited_s, lambda: backend.allreduce_s)

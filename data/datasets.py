@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
-from data.config import SyntheticConfig
+from data.config import DataConfig, SyntheticConfig
 from data.folder import FolderSplit, find_classes, index_dir, open_split
 from data.layouts import find_layout
 from data.pack import ensure_shards
@@ -56,8 +56,9 @@ def describe_dataset(train: Split, val: Split) -> str:
     return f"dataset: {train.origin if isinstance(train, FolderSplit) else 'tar shards'}, {counts}"
 
 
-def dataset_size(name: str, synthetic: SyntheticConfig) -> tuple[int, int, int]:
-    """Classes, training and validation images of `name` ("synthetic" or "imagenet"), without reading it."""
-    if name == "imagenet":
+def dataset_size(data: DataConfig) -> tuple[int, int, int]:
+    """Classes, training and validation images of the configured dataset, without reading it."""
+    synthetic = data.synthetic
+    if data.name == "imagenet":
         return 1000, IMAGENET_TRAIN_IMAGES, IMAGENET_EVAL_IMAGES
     return synthetic.classes, synthetic.classes * synthetic.train_per_class, synthetic.classes * synthetic.val_per_class

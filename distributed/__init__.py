@@ -15,6 +15,7 @@ from distributed.group import (
     record_step,
     sum_over_ranks,
 )
+from distributed.seeds import seed_everything
 from distributed.topology import QUIET_HYDRA, LaunchError, Topology, from_environment
 
 __all__ = [
@@ -33,5 +34,6 @@ __all__ = [
     "mean_over_ranks",
     "process_group",
     "record_step",
+    "seed_everything",
     "sum_over_ranks",
 ]

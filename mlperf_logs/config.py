@@ -26,6 +26,11 @@ class MlperfConfig:
     log_file: str = MLPERF_LOG
     clock: str = "wall"  # wall | device: ipu_sim's simulated device time (submission_platform then says so)
 
+    def eval_epochs(self, max_epochs: int) -> set[int]:
+        """The MLPerf schedule: every `eval_every` epochs starting at `first_eval`, and the last epoch of the
+        budget."""
+        return set(range(self.first_eval, max_epochs + 1, self.eval_every)) | {max_epochs}
+
 
 def validate_mlperf(mlperf: MlperfConfig) -> None:
     one_of(mlperf.division, "mlperf.division", ("closed", "open"))

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from configs.shape import BatchShape
 from mlperf_logs.logger import MLPerfLogger, constants
+from optim.config import OptimConfig
 
 
 @dataclass(frozen=True)
@@ -30,6 +32,28 @@ class Hyperparameters:
     warmup_epochs: float
     momentum: float
     weight_decay: float
+
+    @classmethod
+    def of_run(
+        cls, optim: OptimConfig, shape: BatchShape, decay_steps: int, train_samples: int, eval_samples: int
+    ) -> Hyperparameters:
+        """A run's keys: its optimizer section, how its batch is dealt, its schedule's decay in steps and the
+        sizes of its splits."""
+        return cls(
+            optimizer=optim.name,
+            global_batch=shape.global_batch,
+            grad_accum=shape.grad_accum,
+            bn_span=shape.bn_span,
+            train_samples=train_samples,
+            eval_samples=eval_samples,
+            base_lr=optim.base_lr,
+            end_lr=optim.end_lr,
+            poly_power=optim.poly_power,
+            decay_steps=decay_steps,
+            warmup_epochs=optim.warmup_epochs,
+            momentum=optim.momentum,
+            weight_decay=optim.weight_decay,
+        )
 
 
 def log_submission(log: MLPerfLogger, submission: Submission) -> None:

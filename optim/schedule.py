@@ -1,7 +1,11 @@
 """The MLPerf learning-rate schedule: linear warm-up, then polynomial decay to end_lr."""
 
+from __future__ import annotations
+
 import math
 from dataclasses import dataclass
+
+from optim.config import OptimConfig
 
 
 def learning_rate(
@@ -43,6 +47,18 @@ class Schedule:
             decay_steps=self.decay_steps,
             end_lr=self.end_lr,
             power=self.power,
+        )
+
+    @classmethod
+    def for_run(cls, optim: OptimConfig, max_epochs: int, steps_per_epoch: int) -> Schedule:
+        """The configured schedule in steps: decay over optim.decay_epochs, or the epochs after warm-up."""
+        decay_epochs = optim.decay_epochs or max_epochs - optim.warmup_epochs
+        return cls(
+            base_lr=optim.base_lr,
+            warmup_steps=steps_from_epochs(optim.warmup_epochs, steps_per_epoch),
+            decay_steps=max(1, steps_from_epochs(decay_epochs, steps_per_epoch)),
+            end_lr=optim.end_lr,
+            power=optim.poly_power,
         )
 
 

@@ -8,9 +8,9 @@ from pathlib import Path
 import torch
 
 import rundir
-from assemble import dataset_shape
 from backends.ipu_sim import simulator
 from configs.schema import Config, batch_shape
+from data.datasets import dataset_size
 from projection.ipu import report
 from projection.ipu.cost import Schedule
 
@@ -19,7 +19,7 @@ def project(cfg: Config, out_dir: Path | None) -> None:
     """Probe the model on the host, then print the system's memory plan, the step time by component, and the
     projected epoch and time-to-train for run.max_epochs; write them into `out_dir` too (rank 0's)."""
     torch.manual_seed(cfg.run.seed)
-    classes, train_images, eval_images = dataset_shape(cfg)
+    classes, train_images, eval_images = dataset_size(cfg.data)
     shape = batch_shape(cfg, world_size=1)  # a simulated system's replicas, whatever the ranks that project it
     plan = simulator.plan(cfg, shape, simulator.build_model(cfg, classes))
     mlperf = cfg.mlperf

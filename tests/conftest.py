@@ -18,10 +18,10 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 import rundir
-from assemble import open_splits
 from configs.checks import ConfigError
 from configs.errors import describe
 from configs.schema import Config, register, validate
+from data.build import open_splits
 from data.split import Split
 from data.synthetic import CACHE_ENV
 from distributed import Topology
@@ -104,7 +104,7 @@ def config_error(*overrides: str, world_size: int = 1) -> str:
 def configured_dataset(*overrides: str) -> tuple[Split, Split]:
     """The dataset train.py opens for `overrides` (the synthetic set generated first where it is missing); a
     DatasetError it raises is train.py's one line and exit status 2 (tests/test_data.py runs train.py into one)."""
-    return open_splits(composed(*overrides), Topology())
+    return open_splits(composed(*overrides).data, Topology())
 
 
 MARGINS: list[str] = []  # one line per convergence test, printed at the end of the session

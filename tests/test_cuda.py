@@ -18,12 +18,12 @@ import torch.distributed as dist
 
 import checkpoint
 import distributed
-from assemble import make_loader
 from backends.build import facts_on
 from backends.config import DeviceConfig
 from backends.native import NativeBackend
 from configs.checks import ConfigError
 from configs.schema import Config
+from data.build import make_loader
 from data.device_decode import decode_crops
 from data.folder import find_classes, open_split
 from data.split import Split
@@ -98,13 +98,13 @@ def test_16_bit_compute_on_cuda_is_native_unless_emulation_is_forced(
     assert Policy.for_device(cfg.precision, "cpu").emulated == (compute != "fp32")
 
 
-# the loader's pinned memory (assemble.make_loader, data/loader.py)
+# the loader's pinned memory (data.build.make_loader, data/loader.py)
 
 
 def test_batches_are_pinned_for_a_cuda_device_only(tiny_tree: Path) -> None:
     split = train_split(tiny_tree)
     for device, pinned in ((torch.device("cpu"), False), (CUDA, True)):
-        loader = make_loader(config(), split, facts_on(config(), Topology(), device), train=True)
+        loader = make_loader(config().data, split, facts_on(config(), Topology(), device), seed=1, train=True)
         assert loader._loader.pin_memory is pinned, device
 
 
@@ -124,8 +124,8 @@ def test_a_loader_asked_to_pin_gives_the_same_batches_with_or_without_a_gpu(tiny
 def test_batches_for_a_gpu_arrive_on_it_copied_ahead_on_a_side_stream(tiny_tree: Path, workers: int) -> None:
     cfg = config(workers)
     cfg.data.global_batch = 2  # three batches of the six images: each copied while the one before is in use
-    on_host = list(make_loader(cfg, train_split(tiny_tree), facts_on(cfg, Topology(), CPU), train=True))
-    loader = make_loader(cfg, train_split(tiny_tree), facts_on(cfg, Topology(), CUDA), train=True)
+    on_host = list(make_loader(cfg.data, train_split(tiny_tree), facts_on(cfg, Topology(), CPU), seed=1, train=True))
+    loader = make_loader(cfg.data, train_split(tiny_tree), facts_on(cfg, Topology(), CUDA), seed=1, train=True)
     assert loader._loader.pin_memory  # the side stream's copies are from pinned memory, so they do not block
     on_gpu = [(images.clone(), labels.clone()) for images, labels in loader]  # clones: on the compute stream
     torch.cuda.synchronize()

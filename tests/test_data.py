@@ -9,9 +9,9 @@ import pytest
 import torch
 from PIL import Image
 
-from assemble import loader_workers, too_few_images
 from configs.schema import batch_shape
 from data import folder
+from data.build import loader_workers, too_few_images
 from data.folder import find_classes, open_split
 from data.loader import BatchDataset, Crops, Loader, build_loader, workers_for_cores
 from data.sampler import ShardedSampler
@@ -280,8 +280,8 @@ def test_the_imagenet_recipe_gives_each_rank_its_share_of_the_cores(tmp_path, mo
     monkeypatch.setattr(os, "cpu_count", lambda: 16)
     cfg = composed("experiment=imagenet", f"data.root={tmp_path}")
     assert cfg.data.workers is None
-    assert loader_workers(cfg, Topology(rank=1, world_size=2, local_rank=1, local_world_size=2)) == 7
-    assert loader_workers(composed("data.workers=3"), Topology()) == 3
+    assert loader_workers(cfg.data, Topology(rank=1, world_size=2, local_rank=1, local_world_size=2)) == 7
+    assert loader_workers(composed("data.workers=3").data, Topology()) == 3
 
 
 @pytest.mark.parametrize("experiment", sorted(path.stem for path in Path("configs/experiment").glob("*.yaml")))
@@ -291,7 +291,7 @@ def test_no_recipe_gives_a_two_core_machine_more_loader_processes_than_cores(exp
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
     monkeypatch.setattr(os, "cpu_count", lambda: 2)
     cfg = composed(f"experiment={experiment}", f"data.root={tmp_path}")
-    assert loader_workers(cfg, Topology()) <= 1  # and the training process on the other core
+    assert loader_workers(cfg.data, Topology()) <= 1  # and the training process on the other core
 
 
 def test_a_training_set_smaller_than_a_batch_is_refused_with_the_batch_that_fits(tiny_tree, tmp_path):

@@ -9,9 +9,9 @@ import pytest
 import torch
 from PIL import Image
 
-from assemble import make_loader, open_splits
 from backends.build import facts_on
 from data import jpeg, loader
+from data.build import make_loader, open_splits
 from data.device_decode import decode_crops
 from data.split import DatasetError
 from data.transforms import Box, centre_crop_box, random_resized_crop_box
@@ -114,6 +114,6 @@ def test_a_file_without_a_header_ends_the_run_by_policy(tiny_tree: Path) -> None
 @pytest.mark.parametrize(("decode", "on_device"), [("gpu", True), ("cpu", False)])
 def test_data_decode_picks_who_decodes(tiny_tree: Path, decode: str, on_device: bool) -> None:
     cfg = composed("data=imagenet", f"data.root={tiny_tree}", "data.global_batch=2", f"data.decode={decode}")
-    train, _ = open_splits(cfg, Topology())
-    made = make_loader(cfg, train, facts_on(cfg, Topology(), CPU), train=True)
+    train, _ = open_splits(cfg.data, Topology())
+    made = make_loader(cfg.data, train, facts_on(cfg, Topology(), CPU), seed=cfg.run.seed, train=True)
     assert made.dataset.encoded is on_device and made.device == CPU

@@ -220,6 +220,16 @@ def test_a_damaged_or_mismatched_checkpoint_is_refused(interrupted_twice, tmp_pa
         checkpoint.load(saved, other_lr)
 
 
+def test_a_checkpoint_from_before_a_setting_was_dropped_still_resumes(interrupted_twice, tmp_path):
+    """A checkpoint whose fingerprint names a setting this version no longer has (model.name, which configured
+    nothing) is the same run: only the settings this version has are compared."""
+    saved = tmp_path / "checkpoint.pt"
+    state = torch.load(interrupted_twice[0] / "checkpoint.pt", weights_only=True)
+    torch.save({**state, "fingerprint": {**state["fingerprint"], "model.name": "resnet50"}}, saved)
+    loaded = checkpoint.load(saved, training_fingerprint(composed(*ONE_STEP_EPOCHS), world_size=1))
+    assert loaded["loop"] == state["loop"]
+
+
 def assert_stopped_cleanly(run_dir: Path, stopped: StoppedRun, signum: signal.Signals, where: str) -> None:
     """Exit status 128 + the signal; a log that ends with run_stop aborted and that the checker reads whole; a
     loadable checkpoint; resume.sh with the command that continues the run."""

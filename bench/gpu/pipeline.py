@@ -1,6 +1,6 @@
 """Stages `loader` and `e2e`: the input pipeline at 224 px on ImageNet-like JPEGs, alone and feeding the step.
 
-    loader  data.loader as train.py builds it (assemble.make_loader: the fused decode-and-crop, pinned batches on
+    loader  data.loader as train.py builds it (data.build.make_loader: the fused decode-and-crop, pinned batches on
             CUDA; or with data.decode=gpu, the workers reading bytes and the GPU decoding) with each worker count,
             batch 256, timed for a few seconds from its first batch
     e2e     the harness end to end: that loader feeding backend.train_step, with the fastest precision, speed
@@ -21,7 +21,6 @@ import shutil
 import sys
 from pathlib import Path
 
-from assemble import eval_epochs, make_loader, open_splits
 from backends import build
 from bench import photos
 from bench.gpu import stage
@@ -29,6 +28,7 @@ from bench.gpu import step as step_stage
 from bench.gpu.step import CLASSES
 from bench.loader import endless, throughput
 from configs.schema import Config
+from data.build import make_loader, open_splits
 from data.config import DECODERS
 from data.datasets import IMAGENET_EVAL_IMAGES, IMAGENET_TRAIN_IMAGES
 from distributed import Topology
@@ -84,8 +84,8 @@ def loader(args: argparse.Namespace, sizes: stage.Sizes) -> stage.Figures:
     for decode in DECODERS:
         for workers in sizes.workers:
             cfg = config(args, sizes, f"data.workers={workers}", f"data.decode={decode}")
-            train, _ = open_splits(cfg, Topology())
-            batches = make_loader(cfg, train, build.run_facts(cfg, Topology()), train=True)
+            train, _ = open_splits(cfg.data, Topology())
+            batches = make_loader(cfg.data, train, build.run_facts(cfg, Topology()), seed=cfg.run.seed, train=True)
             key = str(workers) if decode == "cpu" else f"{decode}/{workers}"
             rates[key] = round(throughput(batches, LOADER_SECONDS[args.tiny]), 1)
             print(key, "workers:", rates[key], "img/s", flush=True)
@@ -118,8 +118,8 @@ def e2e(args: argparse.Namespace, sizes: stage.Sizes) -> stage.Figures:
     overrides = fastest(args.work)
     cfg = config(args, sizes, *overrides)
     facts = build.run_facts(cfg, Topology())
-    train, _ = open_splits(cfg, Topology())
-    batches = endless(make_loader(cfg, train, facts, train=True))
+    train, _ = open_splits(cfg.data, Topology())
+    batches = endless(make_loader(cfg.data, train, facts, seed=cfg.run.seed, train=True))
     backend = build.from_config(cfg, facts, CLASSES)
     lr = cfg.optim.base_lr / 100
 
@@ -143,7 +143,7 @@ def projected_minutes(cfg: Config, img_s: float, eval_img_s: float | None = None
     one GPU at `img_s` training images a second, evaluating the 50,000 images at `eval_img_s` (the step stage's
     best row's eval rate; without it, EVAL_SPEEDUP times `img_s`)."""
     run, mlperf = cfg.run, cfg.mlperf
-    evaluations = len(eval_epochs(run.max_epochs, mlperf.first_eval, mlperf.eval_every))
+    evaluations = len(mlperf.eval_epochs(run.max_epochs))
     train_s = run.max_epochs * IMAGENET_TRAIN_IMAGES / img_s
     return (train_s + evaluations * IMAGENET_EVAL_IMAGES / (eval_img_s or EVAL_SPEEDUP * img_s)) / 60
 
