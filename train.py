@@ -56,8 +56,8 @@ from distributed import LaunchError, PeerLost, Topology
 from distributed.stop import StopRequested, catch_stop_signals, tell_how_to_resume
 from mlperf_logs.hyperparameters import Hyperparameters, Submission, log_hyperparameters, log_submission
 from mlperf_logs.logger import MLPerfLogger, constants
-from mlperf_logs.metrics import EpochMetrics, EpochTimer, MetricsCSV, plot
-from mlperf_logs.progress import Progress, epoch_line, job_log, print_summary, say
+from monitor.metrics import EpochMetrics, EpochTimer, MetricsCSV, plot
+from monitor.progress import Progress, epoch_line, job_log, print_summary, say
 from optim.precision import NonFiniteLoss, Policy
 from optim.schedule import Schedule
 from projection.mode import project

@@ -17,7 +17,8 @@ from configs.checks import ConfigError, one_of, positive, require
 from configs.shape import BatchShape
 from data.config import DataConfig
 from data.config import validate as validate_data
-from mlperf_logs.config import PROGRESS_MODES, MlperfConfig, validate_closed_division, validate_mlperf
+from mlperf_logs.config import MlperfConfig, validate_closed_division, validate_mlperf
+from monitor.config import PROGRESS_MODES
 from optim.config import OptimConfig, PrecisionConfig, validate_optim, validate_precision
 
 if TYPE_CHECKING:

@@ -22,7 +22,7 @@ from typing import Any
 import rundir
 from distributed.group import max_over_ranks
 from distributed.topology import Topology
-from mlperf_logs.progress import say
+from monitor.progress import say
 
 SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
 

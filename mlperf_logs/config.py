@@ -1,6 +1,6 @@
-"""The MLPerf section of a run's configuration (what its log says and when it evaluates), the progress display's
-choices, and the closed division's rules for ResNet that a configuration can break. configs/schema.py composes
-them; this module imports no implementation."""
+"""The MLPerf section of a run's configuration (what its log says and when it evaluates) and the closed division's
+rules for ResNet that a configuration can break. configs/schema.py composes them; this module imports no
+implementation."""
 
 from __future__ import annotations
 
@@ -10,8 +10,6 @@ from dataclasses import dataclass
 from configs.checks import one_of, require
 from optim.config import OptimConfig
 from rundir import MLPERF_LOG
-
-PROGRESS_MODES = ("auto", "bar", "lines", "none")  # auto: a bar on a terminal, lines otherwise
 
 
 @dataclass

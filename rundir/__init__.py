@@ -11,9 +11,9 @@ one of these names takes it from here, so this table is the whole directory:
     mlperf.log           the MLPerf log, init_start to run_stop (named by        mlperf_logs.logger
                          mlperf.log_file)
     config.yaml          the resolved configuration, as the run starts           train.py
-    metrics.csv          a row per epoch                                         mlperf_logs.metrics
-    tensorboard/         a point per epoch and scalar (run.tensorboard=true)     mlperf_logs.metrics
-    metrics.png          loss and top-1 by epoch, at the run's end or its stop   mlperf_logs.metrics.plot
+    metrics.csv          a row per epoch                                         monitor.metrics
+    tensorboard/         a point per epoch and scalar (run.tensorboard=true)     monitor.metrics
+    metrics.png          loss and top-1 by epoch, at the run's end or its stop   monitor.metrics.plot
     checkpoint.pt        at each epoch's end and at a stop; removed at the end   checkpoint
     resume.sh            at a stop, the command that continues the run;          distributed.stop
                          removed at the end

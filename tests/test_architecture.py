@@ -1,6 +1,7 @@
 """The house's shape: imports point one way, with no circle anywhere in the library."""
 
 import ast
+import tomllib
 from pathlib import Path
 
 from tests.conftest import REPO
@@ -84,3 +85,10 @@ def test_the_architecture_page_names_every_room_of_the_tree():
     rooms = {*LIBRARY, *packages, "hydra_plugins/"}
     assert rooms <= rows
     assert all((REPO / row).exists() for row in rows)
+
+
+def test_the_type_check_covers_every_room():
+    """`make lint` runs mypy strict over the files pyproject.toml lists: every room of the library is among them."""
+    listed = set(tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["mypy"]["files"])
+    packages = {path.parent.name for path in REPO.glob("*/__init__.py")} - {"tests", "bench"}
+    assert {*LIBRARY, *packages, "hydra_plugins"} <= listed

@@ -18,7 +18,7 @@ from data.sampler import ShardedSampler
 from data.split import DatasetError
 from data.transforms import centre_crop_box, random_resized_crop_box
 from distributed import Topology
-from mlperf_logs.progress import print_summary
+from monitor.progress import print_summary
 from tests import jpeg_samples
 from tests.conftest import composed, run_train
 

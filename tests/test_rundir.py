@@ -3,6 +3,7 @@ holds real runs' directories to these names; tests/test_summarize.py summarises 
 
 from __future__ import annotations
 
+import ast
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +13,7 @@ import yaml
 
 import rundir
 from tests.conftest import REPO
+from tests.test_architecture import library_modules
 
 NAMED = yaml.safe_dump({"mlperf": {"log_file": "named.log"}})
 
@@ -68,3 +70,26 @@ def test_rundir_imports_nothing_of_the_project():
     probe = "import sys, rundir; print(' '.join(sorted(sys.modules)))"
     loaded = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, check=True)
     assert {name.split(".")[0] for name in loaded.stdout.split()} & ours == {"rundir"}
+
+
+def test_no_module_but_rundir_spells_a_run_file_name():
+    """Every module takes the run directory's names from rundir: a string in the library that is one of them, or a
+    path ending in one (f"{out}/metrics.csv"), is a second place to change when a name does. Help text may mention
+    them."""
+    spelled = [
+        f"{module}:{node.lineno} {node.value!r}"
+        for module, path in library_modules().items()
+        if module.split(".")[0] != "rundir" and path.suffix == ".py"
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and names_a_run_file(node.value)
+    ]
+    assert spelled == []
+
+
+def names_a_run_file(text: str) -> bool:
+    return any(text == name or text.endswith(f"/{name}") for name in rundir.NAMES)
+
+
+def test_a_path_that_ends_in_a_run_file_name_is_found():
+    assert names_a_run_file("/checkpoint.pt") and names_a_run_file("metrics.csv")
+    assert not names_a_run_file("img/s from mlperf.log") and not names_a_run_file("model.pth")

@@ -33,8 +33,8 @@ from bench.gpu import stage
 from bench.gpu import step as step_stage
 from bench.gpu.pipeline import imagenet_like, measured
 from data.synthetic import CACHE_ENV
-from mlperf_logs.metrics import MetricsCSV
 from mlperf_logs.summarize import summarize_run
+from monitor.metrics import MetricsCSV
 
 REPEAT = {False: 4, True: 1}  # copies of the photo set (full, tiny)
 EPOCHS = {False: 6, True: 3}

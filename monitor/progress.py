@@ -13,7 +13,7 @@ from typing import NoReturn
 import torch
 from tqdm import tqdm
 
-from mlperf_logs.metrics import EpochMetrics
+from monitor.metrics import EpochMetrics
 
 REFRESH_STEPS = 5  # reading the loss is a host sync, so the display refreshes every few steps
 JOB_LOGGER = logging.getLogger("rn50perf.run")  # what `say` shows, kept in Hydra's job log (rundir.JOB_LOG)
