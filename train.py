@@ -64,6 +64,7 @@ from projection.mode import project
 
 USER_ERRORS = (ConfigError, DatasetError, CheckpointError, LaunchError, HydraException, OmegaConfBaseException)
 NOT_CONVERGED = 3  # the exit status of a run that ended short of the target (run.allow_not_converged=true: 0)
+LOST_RANK = 4  # the exit status of a run that lost a rank: resume.sh continues it from its last checkpoint
 NO_TRIAL_COMPLETED = "No trials are completed yet."  # optuna's study.best_trial, when every trial failed
 
 register()
@@ -169,6 +170,7 @@ class Run:
     schedule: Schedule
     steps_per_epoch: int  # a whole epoch's (the loader's length is what is left of the epoch it was set to)
     loop: Loop = field(default_factory=Loop)
+    saved_step: int | None = None  # the step of the checkpoint in out_dir, None before the first
 
     def log_sizes(self) -> dict[str, int]:
         """The sizes of rank 0's logs: a resumed run cuts them back to these."""
@@ -256,6 +258,7 @@ def submission_platform(cfg: Config, policy: Policy) -> str:
 def resume(run: Run, checkpoint: dict[str, Any]) -> None:
     """Continue exactly where the checkpoint left off; the logs are cut back to their sizes then."""
     run.loop, sizes = restore_run(checkpoint, run.backend, run.topology.rank)
+    run.saved_step = run.loop.step
     run.metrics.resume(sizes["metrics"], run.loop.step)
     run.log.resume(sizes["mlperf"], run.loop.step, run.loop.epoch)
     if run.topology.is_main:
@@ -264,17 +267,34 @@ def resume(run: Run, checkpoint: dict[str, Any]) -> None:
 
 
 def end_stopped(run: Run, err: BaseException) -> None:
-    """The log of a run that did not end on its own ends aborted; a stopped one says how to resume it."""
+    """The log of a run that did not end on its own ends aborted; a stopped one, or one that lost a rank after its
+    first checkpoint, says how to resume it."""
     run.log.end(constants.RUN_STOP, metadata={constants.STATUS: constants.ABORTED})
     run.log.close()
     if run.topology.is_main:
         plot_so_far(run)  # a stopped or failed run's epochs so far
+    loop = run.loop
+    where = f"step {loop.step} (epoch {loop.epoch}, {loop.batch} of its {run.steps_per_epoch} steps done)"
     if isinstance(err, StopRequested):
         if run.topology.is_main:
-            loop = run.loop
-            where = f"step {loop.step} (epoch {loop.epoch}, {loop.batch} of its {run.steps_per_epoch} steps done)"
-            tell_how_to_resume(err, where, run.topology, HydraConfig.get().overrides.task, run.out_dir, [CACHE_ENV])
+            tell_how_to_resume(
+                f"{err} at {where}: checkpoint written, log ended (run_stop aborted)", *resume_facts(run)
+            )
         distributed.barrier()  # rank 0's checkpoint and log are whole before any rank exits
+    elif run.topology.is_main and distributed.as_lost_peer(err) is not None:
+        lost = f"a rank was lost at {where}: log ended (run_stop aborted)"
+        if run.saved_step is None:
+            say(f"\n{lost}; no checkpoint yet, so start the run again with a new hydra.run.dir", error=True)
+        else:
+            again = loop.step - run.saved_step
+            tell_how_to_resume(
+                f"{lost}; its checkpoint is at step {run.saved_step} ({again} steps to take again)", *resume_facts(run)
+            )
+
+
+def resume_facts(run: Run) -> tuple[Topology, list[str], Path, list[str]]:
+    """What resume.sh needs of a run: its launcher, its overrides, its directory, the variables it keeps."""
+    return run.topology, HydraConfig.get().overrides.task, run.out_dir, [CACHE_ENV]
 
 
 def finish(run: Run, status: str, accuracy: float | None) -> tuple[str, float]:
@@ -402,6 +422,7 @@ def save(run: Run) -> None:
     path = run.out_dir / rundir.CHECKPOINT if run.topology.is_main else None
     fingerprint = training_fingerprint(run.cfg, run.topology.world_size)
     checkpoint.save_run(path, run.backend, run.loop, run.log_sizes, fingerprint)
+    run.saved_step = run.loop.step
 
 
 def evaluate(backend: Backend, loader: Loader) -> float:
@@ -421,7 +442,7 @@ if __name__ == "__main__":
         exit_in_one_line(err)
     except PeerLost as err:
         print(f"error: {err}", file=sys.stderr)
-        sys.exit(1)
+        sys.exit(LOST_RANK)
     except StopRequested as stop:  # the run was checkpointed and its log ended; resume.sh says how to go on
         sys.exit(stop.exit_status)
     except ValueError as err:  # optuna's answer when a sweep has no best trial; anything else is a bug

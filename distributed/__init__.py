@@ -4,6 +4,7 @@ DistributedBatchNorm2d (distributed.batchnorm) and the bulk gradient all-reduce 
 from distributed.group import (
     PeerLost,
     agree_on_output_dir,
+    as_lost_peer,
     average_over_ranks,
     barrier,
     broadcast_from_main,
@@ -24,6 +25,7 @@ __all__ = [
     "PeerLost",
     "Topology",
     "agree_on_output_dir",
+    "as_lost_peer",
     "average_over_ranks",
     "barrier",
     "broadcast_from_main",

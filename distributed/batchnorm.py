@@ -15,6 +15,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.autograd.function import once_differentiable
 
+from distributed.group import collective_timeout
+
 _DIMS = (0, 2, 3)  # every dimension but the channels
 
 
@@ -36,7 +38,7 @@ def _subgroup(group_size: int, world_size: int) -> dist.ProcessGroup:
     The cache outlives the default group: a process that re-initialises it must call `_subgroup.cache_clear()`.
     """
     _check_group_size(group_size, world_size)
-    return dist.new_subgroups(group_size)[0]
+    return dist.new_subgroups(group_size, timeout=collective_timeout())[0]
 
 
 def _per_channel(t: torch.Tensor) -> torch.Tensor:

@@ -94,6 +94,14 @@ class _Heartbeat:
 
 _heartbeat: _Heartbeat | None = None
 _control: dist.ProcessGroup | None = None  # gloo, for the loop's small host-side agreements when nccl carries data
+_timeout: timedelta | None = None  # dist.timeout_s, for the groups made after the default one
+_diagnosed: tuple[BaseException, PeerLost | None] | None = None  # as_lost_peer's last answer, and its question
+
+
+def collective_timeout() -> timedelta | None:
+    """How long a collective of this run's groups may wait (None outside `process_group`: torch's default). A
+    group made later must be given it: torch gives a new group its own default (30 minutes), not the run's."""
+    return _timeout
 
 
 @contextmanager
@@ -107,7 +115,7 @@ def process_group(topology: Topology, device_type: str, timeout_s: float) -> Ite
     if not topology.distributed:
         yield
         return
-    global _heartbeat, _control
+    global _heartbeat, _control, _timeout
     if device_type == "cuda":
         torch.cuda.set_device(topology.local_rank)
     store = dist.TCPStore(
@@ -125,8 +133,9 @@ def process_group(topology: Topology, device_type: str, timeout_s: float) -> Ite
         timeout=timedelta(seconds=timeout_s),
     )
     _heartbeat = _Heartbeat(store, topology)
+    _timeout = timedelta(seconds=timeout_s)
     if device_type == "cuda":
-        control = dist.new_group(backend="gloo")
+        control = dist.new_group(backend="gloo", timeout=_timeout)
         assert isinstance(control, dist.ProcessGroup)  # every rank is in it (never NON_GROUP_MEMBER)
         _control = control
     reason = "finished"
@@ -134,19 +143,40 @@ def process_group(topology: Topology, device_type: str, timeout_s: float) -> Ite
         yield
     except BaseException as err:
         reason = f"{type(err).__name__}: {err}".strip().splitlines()[0][:200]
-        if not isinstance(err, RuntimeError) or isinstance(err, PeerLost):
+        lost = as_lost_peer(err)
+        if lost is None or lost is err:
             raise  # this rank's own error (a bad config, a bad file) or a clean stop: the others read its reason
-        cause = _heartbeat.diagnose()
-        if cause is not None:
-            raise PeerLost(f"{cause}; rank {topology.rank} stops too") from err
-        if isinstance(err, dist.DistBackendError):
-            raise PeerLost(f"{err}; no other rank was seen failing; rank {topology.rank} stops") from err
-        raise
+        raise lost from err
     finally:
         _heartbeat.close(reason)
         _heartbeat = None
         _control = None
+        _timeout = None
         dist.destroy_process_group()
+
+
+def as_lost_peer(err: BaseException) -> PeerLost | None:
+    """`err` as the loss of another rank (naming it where the heartbeats show which) if a collective failed or
+    timed out because of one; None for this rank's own errors and for a clean stop. The answer for the last error
+    asked about is kept: reading the heartbeats takes two seconds, and the run's end and its process group ask."""
+    global _diagnosed
+    if _diagnosed is None or _diagnosed[0] is not err:
+        _diagnosed = err, _diagnose(err)
+    return _diagnosed[1]
+
+
+def _diagnose(err: BaseException) -> PeerLost | None:
+    if isinstance(err, PeerLost):
+        return err
+    if not isinstance(err, RuntimeError) or _heartbeat is None:
+        return None
+    rank = _heartbeat.rank
+    cause = _heartbeat.diagnose()
+    if cause is not None:
+        return PeerLost(f"{cause}; rank {rank} stops too")
+    if isinstance(err, dist.DistBackendError):
+        return PeerLost(f"{err}; no other rank was seen failing; rank {rank} stops")
+    return None
 
 
 def record_step(step: int) -> None:

@@ -104,18 +104,16 @@ def write_resume_script(out_dir: Path, command: Sequence[str], env: Mapping[str,
 
 
 def tell_how_to_resume(
-    stop: StopRequested,
-    where: str,
+    what: str,
     topology: Topology,
     overrides: Sequence[str],
     out_dir: Path,
     keep_env: Sequence[str],
 ) -> None:
-    """Say where the run stopped and the command that continues it (with those of the `keep_env` variables that are
-    set), on stderr and in the run directory's resume.sh."""
-    why = f"{stop} at {where}; this continues the run from its checkpoint"
+    """Say `what` ended the run and the command that continues it from its checkpoint (with those of the
+    `keep_env` variables that are set), on stderr and in the run directory's resume.sh."""
     env = {name: os.environ[name] for name in keep_env if name in os.environ}
     command = resume_command(topology, overrides, out_dir)
-    script = write_resume_script(out_dir, command, env, why)
-    say(f"\n{stop} at {where}: checkpoint written, log ended (run_stop aborted)", error=True)
+    script = write_resume_script(out_dir, command, env, f"{what}; this continues the run from its checkpoint")
+    say(f"\n{what}", error=True)
     say(f"resume with:\n  {shell_line(command, env)}\n(also in {script})", error=True)

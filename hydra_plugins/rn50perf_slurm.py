@@ -7,6 +7,8 @@ configs/hydra/launcher/slurm.yaml names `SlurmLauncher`. What it adds to the sto
   happens to be called `classes`). Here a job imports the script and takes the task from it.
 - A job imports the project wherever the multirun was launched from: its script puts the repository on PYTHONPATH.
 - Only rank 0's Hydra writes the job's directory (.hydra/ and the job's log), as under torchrun.
+- srun ends a job's tasks once one exits on error (--kill-on-bad-exit): the survivors of a lost rank stop, and a
+  frozen rank with them.
 - Every job runs with run.resume=auto, so a job that SLURM requeues (`scontrol requeue`, preemption) continues from
   its checkpoint. A run that SIGUSR1 stopped (SLURM's warning before the time limit, `--signal=USR1@N`) requeues
   its own job, as submitit's checkpointing would; after a SIGTERM the job follows SLURM's decision (requeued,
@@ -74,6 +76,8 @@ class SlurmLauncher(SubmititSlurmLauncher):
         super().__init__(**params)
         on_path = f"export PYTHONPATH={shlex.quote(str(REPO))}${{PYTHONPATH:+:$PYTHONPATH}}"
         self.params["setup"] = [on_path, *(self.params.get("setup") or [])]
+        # A rank that exits on error (a lost peer) ends the job's other tasks, a frozen one among them.
+        self.params["srun_args"] = ["--kill-on-bad-exit=1", *(self.params.get("srun_args") or [])]
 
     def setup(self, *, hydra_context: Any, task_function: TaskFunction, config: DictConfig) -> None:
         super().setup(hydra_context=hydra_context, task_function=ScriptTask.of(task_function), config=config)

@@ -4,6 +4,7 @@ and a rank that dies."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -246,11 +247,12 @@ def rank_pid(marker: str, rank: int) -> int | None:
 
 
 def start_and_wait_for_epoch_1(out: Path, cache: Path, *overrides: str) -> tuple[subprocess.Popen[str], int]:
-    """A 2-rank torchrun that would run long, once its first epoch is over; returns it and rank 1's pid."""
+    """A 2-rank torchrun that would run long, once its first epoch is over and checkpointed; returns it and rank 1's
+    pid."""
     run = torchrun(*TINY_RUN, "run.max_epochs=50", *ALL_EPOCHS, f"hydra.run.dir={out}", *overrides, cache=cache)
     metrics = out / "metrics.csv"
     deadline = time.monotonic() + 300
-    while not (metrics.exists() and len(metrics.read_text().splitlines()) >= 2):
+    while not (metrics.exists() and len(metrics.read_text().splitlines()) >= 2 and (out / "checkpoint.pt").exists()):
         assert run.poll() is None and time.monotonic() < deadline, run.communicate()
         time.sleep(0.5)
     victim = rank_pid(str(out), rank=1)
@@ -258,7 +260,8 @@ def start_and_wait_for_epoch_1(out: Path, cache: Path, *overrides: str) -> tuple
     return run, victim
 
 
-def assert_stopped_with_log_closed(run: subprocess.Popen[str], out: Path, message: str, within_s: float) -> None:
+def assert_stopped_with_log_closed(run: subprocess.Popen[str], out: Path, message: str, within_s: float) -> str:
+    """The survivor stopped within `within_s`, saying `message`, with its log ended; returns what it said."""
     started = time.monotonic()
     _, stderr = run.communicate(timeout=within_s + 60)
     assert time.monotonic() - started < within_s, f"the survivor took too long to stop:\n{stderr}"
@@ -267,12 +270,16 @@ def assert_stopped_with_log_closed(run: subprocess.Popen[str], out: Path, messag
     events = mllog_events(out / "mlperf.log")  # parseable to its last line
     assert [e["metadata"]["status"] for e in events if e["key"] == "run_stop"] == ["aborted"]
     assert processes_mentioning(str(out)) == []
+    return stderr
 
 
 def test_killing_a_rank_stops_the_other_with_a_message_naming_it(cache_dir, tmp_path):
     run, victim = start_and_wait_for_epoch_1(tmp_path / "killed", cache_dir, "dist.timeout_s=60")
     os.kill(victim, signal.SIGKILL)
-    assert_stopped_with_log_closed(run, tmp_path / "killed", "error: rank 1 stopped responding", within_s=30)
+    stderr = assert_stopped_with_log_closed(run, tmp_path / "killed", "error: rank 1 stopped responding", within_s=30)
+    saved = re.search(r"its checkpoint is at step (\d+) \((\d+) steps to take again\)", stderr)
+    assert saved and int(saved[1]) % 4 == 0 and int(saved[1]) >= 4 and int(saved[2]) <= 4, stderr  # an epoch's end
+    assert "run.resume=auto" in (tmp_path / "killed" / "resume.sh").read_text()  # what a requeue runs
 
 
 @pytest.mark.slow

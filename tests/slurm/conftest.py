@@ -1,6 +1,7 @@
-"""A real one-node SLURM (tests/slurm/local_cluster.sh) for the tests in this folder: started once per session where
-the machine allows it (root, and slurm-wlm and munge installed or apt-get to install them), stopped at the end if
-this session started it; the tests are skipped with the reason where it does not."""
+"""A real SLURM (tests/slurm/local_cluster.sh) for the tests in this folder: started once per session where the
+machine allows it (root, and slurm-wlm and munge installed or apt-get to install them), with two nodes in network
+namespaces of their own where it can make them, else one; stopped at the end if this session started it. The
+tests are skipped with the reason where there is no cluster, the multi-node ones where it has one node."""
 
 from __future__ import annotations
 
@@ -13,10 +14,12 @@ import pytest
 
 CLUSTER = Path(__file__).resolve().parent / "local_cluster.sh"
 STATE = Path(os.environ.get("RN50PERF_SLURM_DIR", "/tmp/rn50perf-slurm"))
+NODES = 2
+FAULT_FIGURES: list[str] = []  # what each fault cost, printed at the end of the session
 
 
-def cluster(command: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([str(CLUSTER), command], capture_output=True, text=True, timeout=600)
+def cluster(*command: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(CLUSTER), *command], capture_output=True, text=True, timeout=600)
 
 
 @pytest.fixture(scope="session")
@@ -27,10 +30,28 @@ def slurm() -> Iterator[Path]:
         pytest.skip(f"no local SLURM: {can.stdout.strip()}")
     started = cluster("status").returncode != 0  # a cluster a developer started by hand is left running
     if started:
-        up = cluster("start")
+        nodes = NODES if cluster("can", "--nodes", str(NODES)).returncode == 0 else 1
+        up = cluster("start", "--nodes", str(nodes))
         assert up.returncode == 0, f"the local SLURM did not start:\n{up.stdout}{up.stderr}"
     with pytest.MonkeyPatch.context() as session:
         session.setenv("SLURM_CONF", str(STATE / "slurm.conf"))
         yield STATE / "slurm.conf"
     if started:
         cluster("stop")
+
+
+@pytest.fixture(scope="session")
+def two_nodes(slurm: Path) -> list[str]:
+    """The names of the cluster's nodes, each in a network namespace of its own; skipped where it has one."""
+    nodes = (STATE / "nodes").read_text().split()
+    if len(nodes) < NODES:
+        why = cluster("can", "--nodes", str(NODES)).stdout.strip() or "the running cluster was started with one"
+        pytest.skip(f"the local SLURM has one node: {why}")
+    return nodes
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if FAULT_FIGURES:
+        terminalreporter.write_sep("-", "faults on two nodes (docs/slurm.md tables them)")
+        for line in FAULT_FIGURES:
+            terminalreporter.write_line(line)

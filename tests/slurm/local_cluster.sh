@@ -1,25 +1,59 @@
 #!/usr/bin/env bash
-# A real one-node SLURM on this machine: munged, slurmctld and slurmd on localhost, for the launcher tests and for
-# trying `hydra/launcher=slurm` or an sbatch script by hand.
+# A real SLURM on this machine, for the launcher tests and for trying `hydra/launcher=slurm` or an sbatch script by
+# hand: munged and slurmctld, and one slurmd per node. One node (the default) runs on localhost; with --nodes N (2 to
+# 4) each node n1..nN is a network namespace of its own (rn50perf-n1, ...: `ip netns pids rn50perf-n1` lists its
+# processes), joined to the others by a bridge, so a job's ranks on different nodes talk over a real (virtual) link.
 #
-#   tests/slurm/local_cluster.sh start    install slurm-wlm and munge if missing (root and apt-get), start the three
-#                                         daemons, wait until the node is idle; prints the SLURM_CONF line to export
-#   tests/slurm/local_cluster.sh stop     cancel its jobs and stop exactly the daemons `start` started
-#   tests/slurm/local_cluster.sh status   exit 0 if this cluster answers with its node idle or busy
-#   tests/slurm/local_cluster.sh can      exit 0 if this machine can run it; else print why on one line, exit 1
+#   tests/slurm/local_cluster.sh start [--nodes N]  install slurm-wlm and munge if missing (root and apt-get), start
+#                                                   the daemons, wait until every node is idle; prints the SLURM_CONF
+#                                                   line to export
+#   tests/slurm/local_cluster.sh stop               cancel its jobs, stop exactly the daemons `start` started, and
+#                                                   remove the namespaces, links and files it made
+#   tests/slurm/local_cluster.sh status             exit 0 if this cluster answers with every node idle or busy
+#   tests/slurm/local_cluster.sh can [--nodes N]    exit 0 if this machine can run it; else print why on one line, exit 1
+#
+# Faults, on a cluster of several nodes (what tests/slurm/test_faults.py injects, and a user may try by hand):
+#
+#   tests/slurm/local_cluster.sh kill-node nI       SIGKILL every process in node nI's namespace, its slurmd too
+#   tests/slurm/local_cluster.sh start-node nI      start node nI's slurmd again (SLURM returns the node to service)
+#   tests/slurm/local_cluster.sh link nI down|up    cut node nI's link to the bridge, or restore it
 #
 # Everything lives in $RN50PERF_SLURM_DIR (default /tmp/rn50perf-slurm): slurm.conf, its own munge key and socket,
 # state, logs and pid files. Its own ports (16817, 16818) and munge socket keep it apart from a cluster the machine
 # already belongs to; clients find it through SLURM_CONF. The configuration is the smallest that runs jobs without
 # cgroups or accounting: ProctrackType=proctrack/linuxproc, TaskPlugin=task/none, no slurmdbd (so `sacct` has
 # nothing to say, and submitit learns that a job ended from its result file).
+#
+# The nodes' network is 198.18.0.0/24, a range set aside for benchmarking networks (RFC 2544), on the bridge
+# rn50perf-br: the controller is 198.18.0.1 (the bridge's address here), node nI is 198.18.0.(10+I) on the eth0 of
+# its namespace, its end of the veth pair rn50perf-vI; a namespace has no route but that subnet. Each node's slurmd,
+# and so every job it runs, has the node's own host name (a UTS namespace) and /etc/hosts (/etc/netns/rn50perf-nI/
+# hosts, mounted over it), so a job finds its peers by node name.
 set -euo pipefail
 
 STATE=${RN50PERF_SLURM_DIR:-/tmp/rn50perf-slurm}
 export SLURM_CONF=$STATE/slurm.conf
 PACKAGES=(slurm-wlm munge)
+MAX_NODES=4
+BRIDGE=rn50perf-br
+SUBNET=198.18.0
+CONTROLLER=$SUBNET.1
 
-can_run() {
+nodes_asked() {  # --nodes N from the arguments, 1 without it
+  local nodes=1
+  while [ $# -gt 0 ]; do
+    case $1 in
+      --nodes) nodes=${2:-}; shift 2 ;;
+      --nodes=*) nodes=${1#--nodes=}; shift ;;
+      *) echo "unknown argument $1" >&2; exit 2 ;;
+    esac
+  done
+  [[ $nodes =~ ^[1-9][0-9]*$ ]] && [ "$nodes" -le $MAX_NODES ] \
+    || { echo "--nodes takes 1 to $MAX_NODES, got '$nodes'" >&2; exit 2; }
+  echo "$nodes"
+}
+
+can_run() {  # nodes
   if [ "$(id -u)" != 0 ]; then
     echo "needs root: slurmd runs jobs as their users"
     return 1
@@ -27,6 +61,18 @@ can_run() {
   if ! installed && ! command -v apt-get >/dev/null; then
     echo "slurm-wlm and munge are not installed and there is no apt-get to install them"
     return 1
+  fi
+  if [ "$1" -gt 1 ]; then
+    if ! command -v ip >/dev/null || ! command -v unshare >/dev/null || ! command -v nsenter >/dev/null; then
+      echo "several nodes need iproute2's ip and util-linux's unshare and nsenter"
+      return 1
+    fi
+    local probe=rn50perf-probe$$
+    if ! ip netns add "$probe" 2>/dev/null; then
+      echo "several nodes need network namespaces: 'ip netns add' fails here"
+      return 1
+    fi
+    ip netns del "$probe"
   fi
 }
 
@@ -45,13 +91,28 @@ install_packages() {
     || { echo "apt-get could not install ${PACKAGES[*]}: see $STATE/apt.log" >&2; exit 1; }
 }
 
-write_config() {
-  local host node
+node_names() {  # the nodes of the running cluster, one a line
+  cat "$STATE/nodes"
+}
+
+node_address() {  # nI -> its address on the bridge
+  echo "$SUBNET.$((10 + ${1#n}))"
+}
+
+write_config() {  # nodes
+  local host machine controller
   host=$(hostname -s)
-  node=$(slurmd -C | head -1)  # this machine as slurmd sees it: NodeName=... CPUs=... RealMemory=...
+  machine=$(slurmd -C | head -1 | sed 's/^NodeName=[^ ]* //')  # CPUs=... RealMemory=...: this machine, per node
+  if [ "$1" = 1 ]; then
+    controller=127.0.0.1
+    echo "$host" >"$STATE/nodes"
+  else
+    controller=$CONTROLLER
+    seq -f 'n%g' "$1" >"$STATE/nodes"
+  fi
   cat >"$SLURM_CONF" <<EOF
 ClusterName=rn50perf
-SlurmctldHost=$host(127.0.0.1)
+SlurmctldHost=$host($controller)
 SlurmctldPort=16817
 SlurmdPort=16818
 SlurmUser=root
@@ -59,11 +120,11 @@ AuthType=auth/munge
 CredType=cred/munge
 AuthInfo=socket=$STATE/munge.socket
 StateSaveLocation=$STATE/slurmctld
-SlurmdSpoolDir=$STATE/slurmd
+SlurmdSpoolDir=$STATE/slurmd/%n
 SlurmctldPidFile=$STATE/slurmctld.pid
-SlurmdPidFile=$STATE/slurmd.pid
+SlurmdPidFile=$STATE/slurmd-%n.pid
 SlurmctldLogFile=$STATE/slurmctld.log
-SlurmdLogFile=$STATE/slurmd.log
+SlurmdLogFile=$STATE/slurmd-%n.log
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 SelectType=select/cons_tres
@@ -74,9 +135,63 @@ MpiDefault=none
 ReturnToService=2
 SchedulerParameters=sched_interval=1
 KillWait=10
-$node NodeAddr=127.0.0.1 State=UNKNOWN
-PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
+SlurmdTimeout=20
 EOF
+  local node
+  for node in $(node_names); do
+    if [ "$1" = 1 ]; then
+      echo "NodeName=$node $machine NodeAddr=127.0.0.1 State=UNKNOWN"
+    else
+      echo "NodeName=$node $machine NodeAddr=$(node_address "$node") State=UNKNOWN"
+    fi
+  done >>"$SLURM_CONF"
+  echo "PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP" >>"$SLURM_CONF"
+}
+
+make_network() {  # the bridge with the controller's address, and a namespace per node with its end of a veth pair
+  local node namespace link
+  ip link add "$BRIDGE" type bridge
+  echo "link $BRIDGE" >>"$STATE/made"
+  ip addr add "$CONTROLLER/24" dev "$BRIDGE"
+  ip link set "$BRIDGE" up
+  for node in $(node_names); do
+    namespace=rn50perf-$node link=rn50perf-v${node#n}
+    ip netns add "$namespace"
+    echo "netns $namespace" >>"$STATE/made"
+    ip link add "$link" type veth peer name eth0 netns "$namespace"
+    ip link set "$link" master "$BRIDGE" up
+    ip -n "$namespace" addr add "$(node_address "$node")/24" dev eth0
+    ip -n "$namespace" link set eth0 up
+    ip -n "$namespace" link set lo up
+    mkdir -p "/etc/netns/$namespace"
+    echo "etc /etc/netns/$namespace" >>"$STATE/made"
+    hosts_file >"/etc/netns/$namespace/hosts"
+  done
+}
+
+hosts_file() {  # what a node's /etc/hosts says: itself, the controller, its peers
+  echo "127.0.0.1 localhost"
+  echo "$CONTROLLER $(hostname -s)"
+  local node
+  for node in $(node_names); do
+    echo "$(node_address "$node") $node"
+  done
+}
+
+remove_network() {  # what make_network noted, last made first
+  [ -f "$STATE/made" ] || return 0
+  local kind name
+  tac "$STATE/made" | while read -r kind name; do
+    case $kind in
+      netns)
+        ip netns pids "$name" 2>/dev/null | xargs -r kill -9 2>/dev/null || true
+        ip netns del "$name" 2>/dev/null || true
+        ;;
+      link) ip link del "$name" 2>/dev/null || true ;;
+      etc) rm -rf "$name" ;;
+    esac
+  done
+  rm -f "$STATE/made"
 }
 
 start_daemon() {  # name pidfile command...: start it and note it as ours
@@ -88,15 +203,37 @@ start_daemon() {  # name pidfile command...: start it and note it as ours
     sleep 0.1
   done
   kill -0 "$(cat "$pidfile" 2>/dev/null)" 2>/dev/null \
-    || { echo "$name did not start: see $STATE/$name.log" >&2; stop_started; exit 1; }
+    || { echo "$name did not start: see $STATE/$name*.log" >&2; stop_started; remove_network; exit 1; }
   echo "$name $(cat "$pidfile")" >>"$STATE/started"
 }
 
-node_state() {
-  sinfo -h -N -o %T 2>/dev/null | head -1
+start_node() {  # the node's slurmd: on localhost for one node, else in the node's namespace under its own name
+  local node=$1
+  rm -f "$STATE/slurmd-$node.pid"
+  mkdir -p "$STATE/slurmd/$node"
+  if [ "$(node_names | wc -l)" = 1 ]; then
+    start_daemon slurmd "$STATE/slurmd-$node.pid" slurmd
+  else
+    # nsenter, not `ip netns exec`, which mounts a /sys of the namespace's own, without the cgroup file systems
+    # slurmd looks for: the node's own host name (UTS) and /etc/hosts (a bind mount in a mount namespace) instead.
+    start_daemon slurmd "$STATE/slurmd-$node.pid" \
+      nsenter --net="/run/netns/rn50perf-$node" unshare --uts --mount --propagation private sh -c \
+      "hostname $node && mount --bind /etc/netns/rn50perf-$node/hosts /etc/hosts && exec slurmd -N $node"
+  fi
 }
 
-start() {
+node_states() {
+  sinfo -h -N -o %T 2>/dev/null
+}
+
+all_nodes() {  # state...: every node in one of these states
+  local states
+  states=$(node_states)
+  [ -n "$states" ] && [ "$(echo "$states" | wc -l)" = "$(node_names | wc -l)" ] \
+    && ! echo "$states" | grep -qvxE "$(IFS='|'; echo "$*")"
+}
+
+start() {  # nodes
   if status; then
     echo "already up (SLURM_CONF=$SLURM_CONF)"
     return
@@ -105,27 +242,33 @@ start() {
   chmod 700 "$STATE"
   install_packages
   stop_started
+  remove_network
   rm -rf "$STATE/slurmctld" "$STATE/slurmd"
   mkdir -p "$STATE/slurmctld" "$STATE/slurmd"
-  write_config
+  write_config "$1"
+  [ "$1" = 1 ] || make_network
   [ -s "$STATE/munge.key" ] || mungekey --create --keyfile="$STATE/munge.key"
   start_daemon munged "$STATE/munged.pid" munged --force --socket="$STATE/munge.socket" \
     --key-file="$STATE/munge.key" --pid-file="$STATE/munged.pid" --log-file="$STATE/munged.log" \
     --seed-file="$STATE/munged.seed"
   start_daemon slurmctld "$STATE/slurmctld.pid" slurmctld -i
-  start_daemon slurmd "$STATE/slurmd.pid" slurmd
+  local node
+  for node in $(node_names); do
+    start_node "$node"
+  done
   for _ in $(seq 300); do
-    [ "$(node_state)" = idle ] && { echo "up: export SLURM_CONF=$SLURM_CONF"; return; }
+    all_nodes idle && { echo "up: export SLURM_CONF=$SLURM_CONF"; return; }
     sleep 0.1
   done
-  echo "the node is not idle after 30 s (sinfo: $(node_state)): see $STATE/slurmctld.log" >&2
+  echo "the nodes are not idle after 30 s (sinfo: $(node_states | tr '\n' ' ')): see $STATE/slurmctld.log" >&2
   stop_started
+  remove_network
   exit 1
 }
 
 status() {
-  [ -f "$SLURM_CONF" ] && [ -f "$STATE/started" ] || return 1
-  case $(node_state) in idle | mixed | allocated | completing) return 0 ;; *) return 1 ;; esac
+  [ -f "$SLURM_CONF" ] && [ -f "$STATE/started" ] && [ -f "$STATE/nodes" ] || return 1
+  all_nodes idle mixed allocated completing
 }
 
 stop_started() {  # the daemons in $STATE/started, and only if they are still those processes: all at once, as
@@ -135,7 +278,7 @@ stop_started() {  # the daemons in $STATE/started, and only if they are still th
     [ "$(cat "/proc/$pid/comm" 2>/dev/null)" = "$name" ] && pids+=("$pid")
   done <"$STATE/started"
   if [ ${#pids[@]} -gt 0 ]; then
-    kill "${pids[@]}"
+    kill "${pids[@]}" 2>/dev/null || true
     for _ in $(seq 100); do
       kill -0 "${pids[@]}" 2>/dev/null || break
       sleep 0.1
@@ -153,13 +296,35 @@ stop() {
     done
   fi
   stop_started
+  remove_network
   echo "stopped"
 }
 
+a_node() {  # nI: one of this cluster's nodes in namespaces, or exit 2
+  [ -f "$STATE/made" ] && node_names | grep -qx "${1:-}" \
+    || { echo "no node '${1:-}' in a namespace of this cluster (start --nodes N makes n1..nN)" >&2; exit 2; }
+}
+
+kill_node() {
+  a_node "$1"
+  ip netns pids "rn50perf-$1" | xargs -r kill -9
+}
+
+link() {
+  a_node "$1"
+  case ${2:-} in
+    up | down) ip link set "rn50perf-v${1#n}" "$2" ;;
+    *) echo "link $1 takes up or down" >&2; exit 2 ;;
+  esac
+}
+
 case ${1:-} in
-  start) can_run >&2 || exit 1; start ;;
+  start) nodes=$(nodes_asked "${@:2}"); can_run "$nodes" >&2 || exit 1; start "$nodes" ;;
   stop) stop ;;
   status) status ;;
-  can) can_run ;;
-  *) echo "usage: $0 start|stop|status|can" >&2; exit 2 ;;
+  can) nodes=$(nodes_asked "${@:2}"); can_run "$nodes" ;;
+  kill-node) kill_node "${2:-}" ;;
+  start-node) a_node "${2:-}"; start_node "$2" ;;
+  link) link "${2:-}" "${3:-}" ;;
+  *) echo "usage: $0 start [--nodes N]|stop|status|can [--nodes N]|kill-node nI|start-node nI|link nI up|down" >&2; exit 2 ;;
 esac

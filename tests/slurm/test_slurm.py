@@ -10,8 +10,6 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import optuna
@@ -22,16 +20,25 @@ from omegaconf import OmegaConf
 from tests.conftest import (
     ALL_EPOCHS,
     REPO,
-    TINY_RUN,
     assert_compliant,
-    assert_read_whole,
     assert_same_run,
     mllog_events,
     time_to_train_min,
-    train_env,
+)
+from tests.slurm.jobs import (
+    JOB_TIMEOUT_S,
+    TINY,
+    assert_resumed_once,
+    job_environment,
+    launched,
+    release_when_requeued,
+    sbatch,
+    squeue,
+    wait_for_job,
+    wait_for_line,
 )
 
-# Two tasks of one CPU each on the 2-core node; a run of a few seconds: 64 images at 32 px, one thread per rank.
+# Two tasks of one CPU each on a 2-core node.
 TWO_TASKS = (
     "hydra/launcher=slurm",
     "hydra.launcher.partition=debug",
@@ -40,98 +47,13 @@ TWO_TASKS = (
     "hydra.launcher.cpus_per_task=1",
     "hydra.launcher.mem_gb=4",
 )
-TINY = (*TINY_RUN, "mlperf=open", "device.threads=1")
 # Three epochs of 4 steps that never reach the target: a run to stop in the middle and compare with a whole one.
 LONGER = (*TINY, "run.max_epochs=3", *ALL_EPOCHS)
-SBATCH = REPO / "examples" / "slurm" / "train.sbatch"
-ON_THIS_NODE = ("--ntasks-per-node=2", "--gpus-per-node=0", "--cpus-per-task=1", "--mem=4G")
-JOB_TIMEOUT_S = 180
-
-
-def job_environment(cache: Path, **extra: str) -> dict[str, str]:
-    """What the submitting shell passes to its jobs: train.py's test environment, with this Python first on PATH
-    (the sbatch example calls `python`)."""
-    return train_env(cache, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}", **extra)
-
-
-@contextmanager
-def launched(command: list[str], cwd: Path, env: dict[str, str], output: Path) -> Iterator[subprocess.Popen]:
-    """A multirun submitting in the background, its output to the file `output`; killed if the test ends first."""
-    with output.open("w") as sink:
-        process = subprocess.Popen(command, cwd=cwd, env=env, stdout=sink, stderr=subprocess.STDOUT)
-        try:
-            yield process
-        finally:
-            if process.poll() is None:
-                process.kill()
-            process.wait()
-
-
-def slurm_query(*command: str) -> str:
-    return subprocess.run(command, capture_output=True, text=True).stdout.strip()
-
-
-def squeue(job: str, fmt: str) -> str:
-    return slurm_query("squeue", "-h", "-j", job, "-o", fmt)
-
-
-def wait_until(done: Callable[[], bool], what: Callable[[], str], process: subprocess.Popen | None = None) -> None:
-    """Poll `done` until it holds; fail with `what()` after JOB_TIMEOUT_S, or once `process` (a submission) ended."""
-    deadline = time.monotonic() + JOB_TIMEOUT_S
-    while not done():
-        assert process is None or process.poll() is None, f"the submission ended first: {what()}"
-        assert time.monotonic() < deadline, what()
-        time.sleep(0.1)
-
-
-def wait_for_line(path: Path, marker: str, process: subprocess.Popen | None = None) -> None:
-    """Until a line of the file at `path` (a job's output) contains `marker`."""
-    wait_until(lambda: path.exists() and marker in path.read_text(), lambda: f"no {marker!r} in {path}", process)
-
-
-def release_when_requeued(job: str) -> None:
-    """SLURM holds a requeued job for two minutes (its EligibleTime); let it start sooner, as an administrator may:
-    once the node is idle again, and a few seconds after the requeue, since slurmd refuses a job credential issued
-    in the same second as the one it revoked ("Job credential revoked")."""
-    wait_until(
-        lambda: squeue(job, "%T %r") == "PENDING BeginTime" and slurm_query("sinfo", "-h", "-N", "-o", "%T") == "idle",
-        lambda: f"job {job} was not requeued: {squeue(job, '%T %r')}",
-    )
-    time.sleep(2)
-    subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], check=True)
-
-
-def wait_for_job(job: str) -> None:
-    wait_until(lambda: not squeue(job, "%T"), lambda: f"job {job} still {squeue(job, '%T')}")
 
 
 def job_of(sweep: Path) -> str:
     """The SLURM job id of a one-job multirun, from submitit's folder of it."""
     return next(path.name for path in (sweep / ".submitit").iterdir() if path.is_dir())
-
-
-def assert_resumed_once(run_dir: Path, signal_name: str) -> None:
-    """The stopped attempt's log is kept whole and ends with run_stop aborted; the run's log, which passes the
-    checker, says where it was resumed and keeps the first attempt's run_start (the clock is not paused)."""
-    attempt = mllog_events(run_dir / "mlperf.attempt1.log")
-    assert attempt[-1]["key"] == "run_stop" and attempt[-1]["metadata"]["status"] == "aborted"
-    assert_read_whole(run_dir / "mlperf.attempt1.log")  # no block ended before the stop: it need not pass
-    events = mllog_events(run_dir / "mlperf.log")
-    resumed = [e for e in events if e["key"] == "rn50perf_resumed"]
-    assert len(resumed) == 1 and resumed[0]["value"]["stopped_attempt_log"] == "mlperf.attempt1.log"
-    run_start = next(e for e in events if e["key"] == "run_start")
-    assert run_start == next(e for e in attempt if e["key"] == "run_start")
-    assert not (run_dir / "mlperf.attempt2.log").exists()
-    assert f"stopped by {signal_name}" in (run_dir / "train.log").read_text()  # resume.sh went as the run ended
-    assert not (run_dir / "resume.sh").exists() and not (run_dir / "checkpoint.pt").exists()
-    assert_compliant(run_dir / "mlperf.log")
-
-
-def sbatch(run_dir: Path, cache: Path, *overrides: str) -> str:
-    """Submit the sbatch example from the repository, as its comment says; returns the job id."""
-    command = ["sbatch", "--parsable", *ON_THIS_NODE, f"--output={run_dir}.out", str(SBATCH), "device=cpu", *overrides]
-    env = job_environment(cache, RUN_DIR=str(run_dir))
-    return subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, check=True).stdout.strip()
 
 
 @pytest.fixture(scope="module")
@@ -189,7 +111,7 @@ def test_a_hydra_launcher_job_warned_before_its_time_limit_requeues_itself_and_r
     rank0 = sweep / ".submitit" / job / f"{job}_0_log"
     assert Path(f"{rank0}.out").read_text().count("2 ranks (slurm)") == 2
     assert f"job {job} requeued: it resumes from the checkpoint" in Path(f"{rank0}.err").read_text()
-    assert_resumed_once(run_dir, "SIGUSR1")
+    assert_resumed_once(run_dir, "stopped by SIGUSR1")
     assert_same_run(whole_run, run_dir)
 
 
@@ -237,7 +159,7 @@ def test_an_sbatch_job_requeued_by_slurm_resumes_to_the_same_weights(slurm, whol
     wait_for_job(job)
     output = Path(f"{run_dir}.out").read_text()
     assert output.count("2 ranks (slurm)") == 2 and "resuming at epoch" in output, output
-    assert_resumed_once(run_dir, "SIGTERM")
+    assert_resumed_once(run_dir, "stopped by SIGTERM")
     assert_same_run(whole_run, run_dir)
 
 

@@ -1,0 +1,237 @@
+"""Two nodes of the local SLURM (tests/slurm/local_cluster.sh start --nodes 2), each in a network namespace of its
+own: a job of examples/slurm/train.sbatch puts one rank on each, and they rendezvous, all-reduce and share
+BatchNorm statistics over the bridge. The faults a multi-node run meets (a node lost, a link cut, a rank frozen,
+the job preempted) each stop every process within a bound, at a seeded random point of an epoch after the first
+checkpoint; the stopped attempt's log ends aborted, its checkpoint loads, and the requeued job resumes to the
+weights of a run never interrupted."""
+
+from __future__ import annotations
+
+import os
+import random
+import re
+import signal
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+import checkpoint
+from configs.schema import training_fingerprint
+from tests.conftest import (
+    ALL_EPOCHS,
+    assert_compliant,
+    assert_compliant_but_for_accuracy,
+    assert_same_run,
+    composed,
+    mllog_events,
+    processes_mentioning,
+    record_margin,
+)
+from tests.slurm.conftest import FAULT_FIGURES, cluster
+from tests.slurm.jobs import TINY, assert_resumed_once, release_when_requeued, sbatch, wait_for_job, wait_until
+
+ONE_RANK_EACH = ("--nodes=2", "--ntasks-per-node=1", "--gpus-per-node=0", "--cpus-per-task=1", "--mem=4G")
+TIMEOUT_S = 10  # dist.timeout_s: a collective waiting longer fails
+# Six epochs of 4 steps with BatchNorm over both ranks, so that its statistics cross the link too.
+ACROSS = (*TINY, "run.max_epochs=6", *ALL_EPOCHS, "dist.bn_group_size=2", f"dist.timeout_s={TIMEOUT_S}")
+GONE_WITHIN_S = TIMEOUT_S + 15  # the timeout, then the log ended and the loader workers shut down
+LINK_CUT_S = TIMEOUT_S + 5
+
+
+def link_bytes(node: str) -> int:
+    """Bytes through node `node`'s end of the bridge so far, both ways."""
+    stats = Path(f"/sys/class/net/rn50perf-v{node.removeprefix('n')}/statistics")
+    return int((stats / "rx_bytes").read_text()) + int((stats / "tx_bytes").read_text())
+
+
+def run_across(run_dir: Path, cache: Path, *overrides: str) -> str:
+    return sbatch(run_dir, cache, *ACROSS, *overrides, where=ONE_RANK_EACH)
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(two_nodes, cache_dir, tmp_path_factory) -> tuple[Path, int]:
+    """ACROSS, never stopped: its run directory, and the bytes it sent over the second node's link."""
+    run_dir = tmp_path_factory.mktemp("nodes") / "whole"
+    before = link_bytes(two_nodes[1])
+    wait_for_job(run_across(run_dir, cache_dir))
+    assert (run_dir / "model.pt").exists(), Path(f"{run_dir}.out").read_text()
+    return run_dir, link_bytes(two_nodes[1]) - before
+
+
+def test_two_nodes_train_over_the_link_and_rank_0_writes_the_one_log(uninterrupted, tmp_path):
+    run_dir, sent = uninterrupted
+    output = Path(f"{run_dir}.out").read_text()
+    assert "2 ranks (slurm), BN span 16" in output  # 8 images a rank, BatchNorm over both
+    # Every step all-reduces ResNet-50's 25.6 M fp32 gradients (102 MB) between the nodes: 24 steps, each way.
+    assert sent > 24 * 102e6, f"{sent / 1e6:.0f} MB crossed the link"
+    events = mllog_events(run_dir / "mlperf.log")
+    assert [e["key"] for e in events].count("run_start") == 1  # written once, by rank 0
+    assert sorted(path.name for path in run_dir.parent.iterdir() if path.is_dir()) == ["whole"]
+    assert_compliant_but_for_accuracy(run_dir / "mlperf.log", tmp_path)
+
+
+@pytest.mark.slow
+def test_the_sbatch_example_trains_the_smoke_recipe_to_its_target_on_two_nodes(two_nodes, cache_dir, tmp_path):
+    run_dir = tmp_path / "smoke"
+    where = ("--nodes=2", "--ntasks-per-node=1", "--gpus-per-node=0", "--cpus-per-task=1", "--mem=8G")
+    wait_for_job(sbatch(run_dir, cache_dir, "experiment=smoke", "device.threads=1", where=where))
+    output = Path(f"{run_dir}.out").read_text()
+    assert "2 ranks (slurm)" in output and "run_stop status success" in output, output
+    record_margin("smoke lars, 2 nodes x 1 rank (sbatch)", run_dir / "mlperf.log", max_epochs=10)
+    assert_compliant(run_dir / "mlperf.log")
+
+
+def rank_processes(run_dir: Path) -> list[int]:
+    """The ranks of the run in `run_dir` and their loader workers (srun, which names the run too, is not one)."""
+    return [pid for pid in processes_mentioning(f"hydra.run.dir={run_dir}") if comm(pid) != "srun"]
+
+
+def comm(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""
+
+
+def rank_on(node: str, run_dir: Path) -> int:
+    """The pid of the rank running on `node` (its namespace's train.py whose parent is not one: not a worker)."""
+    pids = subprocess.run(["ip", "netns", "pids", f"rn50perf-{node}"], capture_output=True, text=True).stdout.split()
+    ours = set(rank_processes(run_dir)) & {int(pid) for pid in pids}
+    (rank,) = [pid for pid in ours if parent(pid) not in ours]
+    return rank
+
+
+def parent(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+def inject_mid_epoch(run_dir: Path, fault: str, inject: Callable[[], None]) -> float:
+    """Once the first checkpoint is written, wait a seeded random part of an epoch (the first epoch's time),
+    then inject; returns when it was injected (time.monotonic)."""
+    metrics, saved = run_dir / "metrics.csv", run_dir / "checkpoint.pt"
+    wait_until(lambda: saved.exists() and metrics.exists(), lambda: f"no checkpoint in {run_dir}")
+    epoch_s = float(metrics.read_text().splitlines()[1].split(",")[6])  # elapsed_s at the end of epoch 1
+    time.sleep(random.Random(fault).uniform(0.1, 0.9) * epoch_s)
+    injected = time.monotonic()
+    inject()
+    return injected
+
+
+def seconds_until_gone(run_dir: Path, since: float) -> float:
+    """Wait until no rank of the run is left; the seconds from `since`."""
+    wait_until(lambda: not rank_processes(run_dir), lambda: f"ranks still running: {rank_processes(run_dir)}")
+    return time.monotonic() - since
+
+
+def assert_stopped_attempt(run_dir: Path) -> int:
+    """The stopped attempt ended its log aborted and left a checkpoint this run loads; returns its step."""
+    events = mllog_events(run_dir / "mlperf.log")
+    assert events[-1]["key"] == "run_stop" and events[-1]["metadata"]["status"] == "aborted"
+    fingerprint = training_fingerprint(composed(*ACROSS, world_size=2), world_size=2)
+    return int(checkpoint.load(run_dir / "checkpoint.pt", fingerprint)["loop"]["step"])
+
+
+def resumed_after(run_dir: Path, released: float) -> float:
+    """Seconds from the requeued job's release to its resumed attempt's restore (rn50perf_resumed in the log)."""
+    resumed = next(e for e in mllog_events(run_dir / "mlperf.log") if e["key"] == "rn50perf_resumed")
+    return resumed["time_ms"] / 1000 - released
+
+
+def steps_to_take_again(output: str) -> int:
+    """What rank 0 said the lost rank cost: the steps since its checkpoint."""
+    found = re.search(r"its checkpoint is at step \d+ \((\d+) steps to take again\)", output)
+    assert found, output
+    return int(found[1])
+
+
+def record(fault: str, gone_s: float, resumed_s: float, lost_steps: int) -> None:
+    FAULT_FIGURES.append(
+        f"{fault}: every rank gone {gone_s:.1f} s after it (dist.timeout_s={TIMEOUT_S}); "
+        f"released requeue to resumed {resumed_s:.1f} s; {lost_steps} steps to take again"
+    )
+
+
+def lose_a_rank_and_resume(
+    fault: str, inject: Callable[[Path], Callable[[], None]], uninterrupted, cache_dir, tmp_path, after=None
+) -> None:
+    """A run across both nodes gets `fault` mid-epoch: its ranks stop within the bound, rank 0 names the lost one and
+    ends the log, the job requeues itself (exit status 4), and the requeued job resumes to the weights of a run
+    never interrupted."""
+    run_dir = tmp_path / fault.replace(" ", "-")
+    job = run_across(run_dir, cache_dir)
+    injected = inject_mid_epoch(run_dir, fault, inject(run_dir))
+    gone_s = seconds_until_gone(run_dir, injected)
+    assert gone_s < GONE_WITHIN_S, f"{fault}: ranks still running {gone_s:.1f} s after it"
+    saved_step = assert_stopped_attempt(run_dir)
+    if after is not None:
+        after()
+    released = release_when_requeued(job)
+    wait_for_job(job)
+    output = Path(f"{run_dir}.out").read_text()
+    assert "error: rank 1 stopped responding" in output, output
+    lost = steps_to_take_again(output)
+    assert saved_step % 4 == 0 and 0 <= lost <= 4, output
+    assert_resumed_once(run_dir, "a rank was lost at step")
+    assert_same_run(uninterrupted[0], run_dir)
+    record(fault, gone_s, resumed_after(run_dir, released), lost)
+
+
+@pytest.mark.slow
+def test_a_node_lost_mid_epoch_stops_the_run_which_resumes_when_requeued(uninterrupted, cache_dir, tmp_path):
+    lose_a_rank_and_resume(
+        "node lost",
+        lambda run_dir: lambda: check(cluster("kill-node", "n2")),
+        uninterrupted,
+        cache_dir,
+        tmp_path,
+        after=lambda: check(cluster("start-node", "n2")),  # the node comes back; SLURM returns it to service
+    )
+
+
+@pytest.mark.slow
+def test_a_link_cut_past_the_timeout_stops_the_run_which_resumes_when_requeued(uninterrupted, cache_dir, tmp_path):
+    def cut(run_dir: Path) -> Callable[[], None]:
+        def down_then_up() -> None:
+            check(cluster("link", "n2", "down"))
+            time.sleep(LINK_CUT_S)
+            check(cluster("link", "n2", "up"))
+
+        return down_then_up
+
+    lose_a_rank_and_resume("link cut", cut, uninterrupted, cache_dir, tmp_path)
+
+
+def test_a_frozen_rank_is_named_and_the_run_resumes_when_requeued(uninterrupted, cache_dir, tmp_path):
+    lose_a_rank_and_resume(
+        "rank frozen",
+        lambda run_dir: lambda: os.kill(rank_on("n2", run_dir), signal.SIGSTOP),
+        uninterrupted,
+        cache_dir,
+        tmp_path,
+    )
+
+
+@pytest.mark.slow
+def test_a_preempted_two_node_job_checkpoints_and_resumes_to_the_same_weights(uninterrupted, cache_dir, tmp_path):
+    run_dir = tmp_path / "preempted"
+    job = run_across(run_dir, cache_dir)
+    injected = inject_mid_epoch(run_dir, "preempted", lambda: check_call(["scontrol", "requeue", job]))
+    gone_s = seconds_until_gone(run_dir, injected)
+    assert gone_s < GONE_WITHIN_S
+    assert_stopped_attempt(run_dir)  # checkpointed at the step boundary after the signal: nothing to take again
+    released = release_when_requeued(job)
+    wait_for_job(job)
+    assert_resumed_once(run_dir, "stopped by SIGTERM")
+    assert_same_run(uninterrupted[0], run_dir)
+    record("preempted (scontrol requeue)", gone_s, resumed_after(run_dir, released), 0)
+
+
+def check(result: subprocess.CompletedProcess[str]) -> None:
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def check_call(command: list[str]) -> None:
+    subprocess.run(command, check=True)
