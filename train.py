@@ -64,7 +64,6 @@ from projection.mode import project
 
 USER_ERRORS = (ConfigError, DatasetError, CheckpointError, LaunchError, HydraException, OmegaConfBaseException)
 NOT_CONVERGED = 3  # the exit status of a run that ended short of the target (run.allow_not_converged=true: 0)
-LOST_RANK = 4  # the exit status of a run that lost a rank: resume.sh continues it from its last checkpoint
 NO_TRIAL_COMPLETED = "No trials are completed yet."  # optuna's study.best_trial, when every trial failed
 
 register()
@@ -442,7 +441,7 @@ if __name__ == "__main__":
         exit_in_one_line(err)
     except PeerLost as err:
         print(f"error: {err}", file=sys.stderr)
-        sys.exit(LOST_RANK)
+        sys.exit(err.exit_status)  # resume.sh continues it from its last checkpoint
     except StopRequested as stop:  # the run was checkpointed and its log ended; resume.sh says how to go on
         sys.exit(stop.exit_status)
     except ValueError as err:  # optuna's answer when a sweep has no best trial; anything else is a bug

@@ -32,6 +32,8 @@ BEAT_S = 0.5
 class PeerLost(RuntimeError):
     """Another rank died, hung or was stopped; the run cannot go on."""
 
+    exit_status = 4  # what train.py exits with; a batch script requeues the job on it (examples/slurm)
+
 
 class _Heartbeat:
     """A thread that stamps `beat/<rank>` = "<step> <count>", so a stamp that stops changing is a rank that

@@ -11,8 +11,8 @@ configs/hydra/launcher/slurm.yaml names `SlurmLauncher`. What it adds to the sto
   frozen rank with them.
 - Every job runs with run.resume=auto, so a job that SLURM requeues (`scontrol requeue`, preemption) continues from
   its checkpoint. A run that SIGUSR1 stopped (SLURM's warning before the time limit, `--signal=USR1@N`) requeues
-  its own job, as submitit's checkpointing would; after a SIGTERM the job follows SLURM's decision (requeued,
-  preempted or cancelled).
+  its own job, as submitit's checkpointing would; so does one that lost a rank (a node, a link, a frozen task), up to
+  MAX_REQUEUES times; after a SIGTERM the job follows SLURM's decision (requeued, preempted or cancelled).
 """
 
 from __future__ import annotations
@@ -31,16 +31,18 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from hydra.core.singleton import Singleton
-from hydra.core.utils import JobReturn
+from hydra.core.utils import JobReturn, JobStatus
 from hydra.types import TaskFunction
 from hydra_plugins.hydra_submitit_launcher.submitit_launcher import SlurmLauncher as SubmititSlurmLauncher
 from omegaconf import DictConfig
 
+from distributed.group import PeerLost
 from distributed.stop import StopRequested
 from distributed.topology import QUIET_HYDRA, LaunchError, from_environment
 
 REPO = Path(__file__).resolve().parent.parent  # this file is in its hydra_plugins/, where Hydra looks for launchers
 RESUME = "run.resume=auto"
+MAX_REQUEUES = 3  # a job that keeps losing a rank stops being requeued (as examples/slurm/train.sbatch's MAX_REQUEUES)
 
 
 class ScriptTask(NamedTuple):  # not a dataclass: Hydra's plugin scan runs this module before it is in sys.modules
@@ -120,11 +122,19 @@ class SlurmLauncher(SubmititSlurmLauncher):
         is_main = from_environment().is_main
         overrides = [*sweep_overrides, RESUME, *([] if is_main else QUIET_HYDRA)]
         try:
-            return super().__call__(overrides, job_dir_key, job_num, job_id, singleton_state)
+            result = super().__call__(overrides, job_dir_key, job_num, job_id, singleton_state)
         except StopRequested as stop:  # checkpointed, log ended: the run goes on in the requeued job
             if stop.signum == signal.SIGUSR1 and is_main:
                 requeue_this_job()
             raise SystemExit(stop.exit_status) from None
+        if result.status == JobStatus.FAILED:
+            try:
+                _ = result.return_value  # raises what the run raised
+            except PeerLost as lost:  # the log ended; the last checkpoint continues the run in the requeued job
+                if is_main and int(os.environ.get("SLURM_RESTART_COUNT", 0)) < MAX_REQUEUES:
+                    requeue_this_job()
+                raise SystemExit(lost.exit_status) from None
+        return result
 
 
 def forget_unsubmitted_sweep(folder: Path) -> bool:

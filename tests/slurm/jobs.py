@@ -14,6 +14,15 @@ from tests.conftest import REPO, TINY_RUN, assert_compliant, assert_read_whole, 
 
 # A run of a few seconds on one CPU per rank: 64 images at 32 px, one thread per rank.
 TINY = (*TINY_RUN, "mlperf=open", "device.threads=1")
+# Two tasks of one CPU each through Hydra's launcher, on one 2-core node.
+TWO_TASKS = (
+    "hydra/launcher=slurm",
+    "hydra.launcher.partition=debug",
+    "hydra.launcher.tasks_per_node=2",
+    "hydra.launcher.gpus_per_node=null",
+    "hydra.launcher.cpus_per_task=1",
+    "hydra.launcher.mem_gb=4",
+)
 SBATCH = REPO / "examples" / "slurm" / "train.sbatch"
 ON_THIS_NODE = ("--ntasks-per-node=2", "--gpus-per-node=0", "--cpus-per-task=1", "--mem=4G")
 JOB_TIMEOUT_S = 180
@@ -104,3 +113,8 @@ def sbatch(run_dir: Path, cache: Path, *overrides: str, where: tuple[str, ...] =
     command = ["sbatch", "--parsable", *where, f"--output={run_dir}.out", str(SBATCH), "device=cpu", *overrides]
     env = job_environment(cache, RUN_DIR=str(run_dir))
     return subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, check=True).stdout.strip()
+
+
+def job_of(sweep: Path) -> str:
+    """The SLURM job id of a one-job multirun, from submitit's folder of it."""
+    return next(path.name for path in (sweep / ".submitit").iterdir() if path.is_dir())

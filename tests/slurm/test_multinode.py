@@ -12,6 +12,7 @@ import random
 import re
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -22,6 +23,7 @@ import checkpoint
 from configs.schema import training_fingerprint
 from tests.conftest import (
     ALL_EPOCHS,
+    REPO,
     assert_compliant,
     assert_compliant_but_for_accuracy,
     assert_same_run,
@@ -31,7 +33,20 @@ from tests.conftest import (
     record_margin,
 )
 from tests.slurm.conftest import FAULT_FIGURES, cluster
-from tests.slurm.jobs import TINY, assert_resumed_once, release_when_requeued, sbatch, wait_for_job, wait_until
+from tests.slurm.jobs import (
+    JOB_TIMEOUT_S,
+    TINY,
+    TWO_TASKS,
+    assert_resumed_once,
+    job_environment,
+    job_of,
+    launched,
+    release_when_requeued,
+    sbatch,
+    squeue,
+    wait_for_job,
+    wait_until,
+)
 
 ONE_RANK_EACH = ("--nodes=2", "--ntasks-per-node=1", "--gpus-per-node=0", "--cpus-per-task=1", "--mem=4G")
 TIMEOUT_S = 10  # dist.timeout_s: a collective waiting longer fails
@@ -85,8 +100,10 @@ def test_the_sbatch_example_trains_the_smoke_recipe_to_its_target_on_two_nodes(t
 
 
 def rank_processes(run_dir: Path) -> list[int]:
-    """The ranks of the run in `run_dir` and their loader workers (srun, which names the run too, is not one)."""
-    return [pid for pid in processes_mentioning(f"hydra.run.dir={run_dir}") if comm(pid) != "srun"]
+    """The ranks of the run in `run_dir` and their loader workers: the sbatch example's name the directory, the
+    launcher's their job's folder in the sweep's .submitit/ (srun, which names them too, is not one)."""
+    named = {*processes_mentioning(f"hydra.run.dir={run_dir}"), *processes_mentioning(f"{run_dir.parent}/.submitit/")}
+    return [pid for pid in named if comm(pid) != "srun"]
 
 
 def comm(pid: int) -> str:
@@ -106,6 +123,10 @@ def rank_on(node: str, run_dir: Path) -> int:
 
 def parent(pid: int) -> int:
     return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+def freeze_rank_on_n2(run_dir: Path) -> Callable[[], None]:
+    return lambda: os.kill(rank_on("n2", run_dir), signal.SIGSTOP)  # no crash, no closed socket, no heartbeat
 
 
 def inject_mid_epoch(run_dir: Path, fault: str, inject: Callable[[], None]) -> float:
@@ -155,19 +176,24 @@ def record(fault: str, gone_s: float, resumed_s: float, lost_steps: int) -> None
 
 
 def lose_a_rank_and_resume(
-    fault: str, inject: Callable[[Path], Callable[[], None]], uninterrupted, cache_dir, tmp_path, after=None
+    fault: str,
+    inject: Callable[[Path], Callable[[], None]],
+    uninterrupted: tuple[Path, int],
+    cache: Path,
+    tmp_path: Path,
+    after: Callable[[str], None] | None = None,
 ) -> None:
     """A run across both nodes gets `fault` mid-epoch: its ranks stop within the bound, rank 0 names the lost one and
     ends the log, the job requeues itself (exit status 4), and the requeued job resumes to the weights of a run
     never interrupted."""
     run_dir = tmp_path / fault.replace(" ", "-")
-    job = run_across(run_dir, cache_dir)
+    job = run_across(run_dir, cache)
     injected = inject_mid_epoch(run_dir, fault, inject(run_dir))
     gone_s = seconds_until_gone(run_dir, injected)
     assert gone_s < GONE_WITHIN_S, f"{fault}: ranks still running {gone_s:.1f} s after it"
     saved_step = assert_stopped_attempt(run_dir)
     if after is not None:
-        after()
+        after(job)
     released = release_when_requeued(job)
     wait_for_job(job)
     output = Path(f"{run_dir}.out").read_text()
@@ -181,13 +207,19 @@ def lose_a_rank_and_resume(
 
 @pytest.mark.slow
 def test_a_node_lost_mid_epoch_stops_the_run_which_resumes_when_requeued(uninterrupted, cache_dir, tmp_path):
+    def back_once_requeued(job: str) -> None:
+        """srun waits for the lost node's tasks until SLURM marks the node down (SlurmdTimeout) and requeues the job;
+        then the node comes back, and SLURM returns it to service."""
+        wait_until(lambda: squeue(job, "%T") == "PENDING", lambda: f"job {job} not requeued: {squeue(job, '%T %r')}")
+        check(cluster("start-node", "n2"))
+
     lose_a_rank_and_resume(
         "node lost",
         lambda run_dir: lambda: check(cluster("kill-node", "n2")),
         uninterrupted,
         cache_dir,
         tmp_path,
-        after=lambda: check(cluster("start-node", "n2")),  # the node comes back; SLURM returns it to service
+        after=back_once_requeued,
     )
 
 
@@ -207,7 +239,7 @@ def test_a_link_cut_past_the_timeout_stops_the_run_which_resumes_when_requeued(u
 def test_a_frozen_rank_is_named_and_the_run_resumes_when_requeued(uninterrupted, cache_dir, tmp_path):
     lose_a_rank_and_resume(
         "rank frozen",
-        lambda run_dir: lambda: os.kill(rank_on("n2", run_dir), signal.SIGSTOP),
+        freeze_rank_on_n2,
         uninterrupted,
         cache_dir,
         tmp_path,
@@ -235,3 +267,24 @@ def check(result: subprocess.CompletedProcess[str]) -> None:
 
 def check_call(command: list[str]) -> None:
     subprocess.run(command, check=True)
+
+
+@pytest.mark.slow
+def test_a_hydra_launcher_job_on_two_nodes_that_loses_a_rank_requeues_itself_and_resumes(
+    uninterrupted, cache_dir, tmp_path
+):
+    sweep = tmp_path / "sweep"
+    across = ("hydra.launcher.nodes=2", "hydra.launcher.tasks_per_node=1", f"hydra.sweep.dir={sweep}")
+    command = [sys.executable, "train.py", "-m", *TWO_TASKS, *across, *ACROSS]
+    output = tmp_path / "launcher.out"
+    run_dir = sweep / "0"
+    with launched(command, REPO, job_environment(cache_dir), output) as launcher:
+        wait_until(lambda: (run_dir / "mlperf.log").exists(), lambda: output.read_text(), launcher)
+        injected = inject_mid_epoch(run_dir, "launcher rank frozen", freeze_rank_on_n2(run_dir))
+        gone_s = seconds_until_gone(run_dir, injected)
+        assert gone_s < GONE_WITHIN_S
+        release_when_requeued(job_of(sweep))
+        launcher.wait(timeout=JOB_TIMEOUT_S)
+    assert launcher.returncode == 0, output.read_text()
+    assert_resumed_once(run_dir, "a rank was lost at step")
+    assert_same_run(uninterrupted[0], run_dir)

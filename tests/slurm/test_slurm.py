@@ -28,8 +28,10 @@ from tests.conftest import (
 from tests.slurm.jobs import (
     JOB_TIMEOUT_S,
     TINY,
+    TWO_TASKS,
     assert_resumed_once,
     job_environment,
+    job_of,
     launched,
     release_when_requeued,
     sbatch,
@@ -38,22 +40,8 @@ from tests.slurm.jobs import (
     wait_for_line,
 )
 
-# Two tasks of one CPU each on a 2-core node.
-TWO_TASKS = (
-    "hydra/launcher=slurm",
-    "hydra.launcher.partition=debug",
-    "hydra.launcher.tasks_per_node=2",
-    "hydra.launcher.gpus_per_node=null",
-    "hydra.launcher.cpus_per_task=1",
-    "hydra.launcher.mem_gb=4",
-)
 # Three epochs of 4 steps that never reach the target: a run to stop in the middle and compare with a whole one.
 LONGER = (*TINY, "run.max_epochs=3", *ALL_EPOCHS)
-
-
-def job_of(sweep: Path) -> str:
-    """The SLURM job id of a one-job multirun, from submitit's folder of it."""
-    return next(path.name for path in (sweep / ".submitit").iterdir() if path.is_dir())
 
 
 @pytest.fixture(scope="module")
