@@ -53,7 +53,7 @@ from data.loader import Loader
 from data.split import DatasetError
 from data.synthetic import CACHE_ENV
 from distributed import LaunchError, PeerLost, Topology
-from distributed.stop import StopRequested, catch_stop_signals, tell_how_to_resume
+from distributed.stop import StopRequested, catch_stop_signals
 from mlperf_logs.hyperparameters import Hyperparameters, Submission, log_hyperparameters, log_submission
 from mlperf_logs.logger import MLPerfLogger, constants
 from monitor.metrics import EpochMetrics, EpochTimer, MetricsCSV, plot
@@ -272,28 +272,28 @@ def end_stopped(run: Run, err: BaseException) -> None:
     run.log.close()
     if run.topology.is_main:
         plot_so_far(run)  # a stopped or failed run's epochs so far
-    loop = run.loop
-    where = f"step {loop.step} (epoch {loop.epoch}, {loop.batch} of its {run.steps_per_epoch} steps done)"
     if isinstance(err, StopRequested):
         if run.topology.is_main:
-            tell_how_to_resume(
-                f"{err} at {where}: checkpoint written, log ended (run_stop aborted)", *resume_facts(run)
-            )
+            say_how_to_resume(f"{err} at {where(run)}: checkpoint written, log ended (run_stop aborted)", run)
         distributed.barrier()  # rank 0's checkpoint and log are whole before any rank exits
     elif run.topology.is_main and distributed.as_lost_peer(err) is not None:
-        lost = f"a rank was lost at {where}: log ended (run_stop aborted)"
+        lost = f"a rank was lost at {where(run)}: log ended (run_stop aborted)"
         if run.saved_step is None:
             say(f"\n{lost}; no checkpoint yet, so start the run again with a new hydra.run.dir", error=True)
         else:
-            again = loop.step - run.saved_step
-            tell_how_to_resume(
-                f"{lost}; its checkpoint is at step {run.saved_step} ({again} steps to take again)", *resume_facts(run)
-            )
+            again = run.loop.step - run.saved_step
+            say_how_to_resume(f"{lost}; its checkpoint is at step {run.saved_step} ({again} steps to take again)", run)
 
 
-def resume_facts(run: Run) -> tuple[Topology, list[str], Path, list[str]]:
-    """What resume.sh needs of a run: its launcher, its overrides, its directory, the variables it keeps."""
-    return run.topology, HydraConfig.get().overrides.task, run.out_dir, [CACHE_ENV]
+def where(run: Run) -> str:
+    loop = run.loop
+    return f"step {loop.step} (epoch {loop.epoch}, {loop.batch} of its {run.steps_per_epoch} steps done)"
+
+
+def say_how_to_resume(what: str, run: Run) -> None:
+    """Say `what` ended the run, and write resume.sh: the run's launcher and overrides, in its directory."""
+    overrides = HydraConfig.get().overrides.task
+    distributed.stop.tell_how_to_resume(what, run.topology, overrides, run.out_dir, [CACHE_ENV])
 
 
 def finish(run: Run, status: str, accuracy: float | None) -> tuple[str, float]:

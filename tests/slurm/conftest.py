@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.slurm.jobs import LONGER, sbatch, wait_for_job
+
 CLUSTER = Path(__file__).resolve().parent / "local_cluster.sh"
 STATE = Path(os.environ.get("RN50PERF_SLURM_DIR", "/tmp/rn50perf-slurm"))
 NODES = 2
@@ -48,6 +50,16 @@ def two_nodes(slurm: Path) -> list[str]:
         why = cluster("can", "--nodes", str(NODES)).stdout.strip() or "the running cluster was started with one"
         pytest.skip(f"the local SLURM has one node: {why}")
     return nodes
+
+
+@pytest.fixture(scope="session")
+def whole_run(slurm: Path, cache_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """LONGER through the sbatch example on one node, never stopped: the run directory every stopped run of these
+    tests, on one node or two, must end the same as."""
+    run_dir = tmp_path_factory.mktemp("sbatch") / "whole"
+    wait_for_job(sbatch(run_dir, cache_dir, *LONGER))
+    assert (run_dir / "model.pt").exists(), Path(f"{run_dir}.out").read_text()
+    return run_dir
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:

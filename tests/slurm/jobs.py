@@ -10,10 +10,13 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from tests.conftest import REPO, TINY_RUN, assert_compliant, assert_read_whole, mllog_events, train_env
+from tests.conftest import ALL_EPOCHS, REPO, TINY_RUN, assert_compliant, assert_read_whole, mllog_events, train_env
 
 # A run of a few seconds on one CPU per rank: 64 images at 32 px, one thread per rank.
 TINY = (*TINY_RUN, "mlperf=open", "device.threads=1")
+# Three epochs of 4 steps that never reach the target, BatchNorm over both ranks: a run to stop in the middle and
+# compare with a whole one, on one node or across two (the same arithmetic: the same weights).
+LONGER = (*TINY, "run.max_epochs=3", *ALL_EPOCHS, "dist.bn_group_size=2")
 # Two tasks of one CPU each through Hydra's launcher, on one 2-core node.
 TWO_TASKS = (
     "hydra/launcher=slurm",

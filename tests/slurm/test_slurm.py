@@ -18,7 +18,6 @@ import yaml
 from omegaconf import OmegaConf
 
 from tests.conftest import (
-    ALL_EPOCHS,
     REPO,
     assert_compliant,
     assert_same_run,
@@ -27,6 +26,7 @@ from tests.conftest import (
 )
 from tests.slurm.jobs import (
     JOB_TIMEOUT_S,
+    LONGER,
     TINY,
     TWO_TASKS,
     assert_resumed_once,
@@ -39,19 +39,6 @@ from tests.slurm.jobs import (
     wait_for_job,
     wait_for_line,
 )
-
-# Three epochs of 4 steps that never reach the target: a run to stop in the middle and compare with a whole one.
-LONGER = (*TINY, "run.max_epochs=3", *ALL_EPOCHS)
-
-
-@pytest.fixture(scope="module")
-def whole_run(slurm, cache_dir, tmp_path_factory) -> Path:
-    """LONGER through the sbatch example, never stopped: the run directory."""
-    run_dir = tmp_path_factory.mktemp("sbatch") / "whole"
-    job = sbatch(run_dir, cache_dir, *LONGER)
-    wait_for_job(job)
-    assert (run_dir / "model.pt").exists(), Path(f"{run_dir}.out").read_text()
-    return run_dir
 
 
 def test_a_task_defined_by_the_running_script_travels_by_name(tmp_path):
@@ -138,6 +125,7 @@ def test_the_sbatch_example_runs_two_ranks_whose_log_passes_the_checker(whole_ru
     assert_compliant(whole_run / "mlperf.log")
 
 
+@pytest.mark.slow  # on two nodes in make test (test_multinode.py)
 def test_an_sbatch_job_requeued_by_slurm_resumes_to_the_same_weights(slurm, whole_run, cache_dir, tmp_path):
     run_dir = tmp_path / "requeued"
     job = sbatch(run_dir, cache_dir, *LONGER)
