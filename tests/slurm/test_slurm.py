@@ -1,6 +1,6 @@
-"""Runs on a real one-node SLURM (tests/slurm/local_cluster.sh): jobs of two tasks (gloo on the CPU) through Hydra's
-launcher (one run, an Optuna sweep) and through examples/slurm/train.sbatch; a job stopped before its time limit or
-requeued by SLURM resumes to the same weights as one that never stopped."""
+"""Runs on one node of the local SLURM (tests/slurm/local_cluster.sh): jobs of two tasks (gloo on the CPU) through
+Hydra's launcher (one run, an Optuna sweep) and through examples/slurm/train.sbatch; a job stopped before its time
+limit or requeued by SLURM resumes to the same weights as one that never stopped."""
 
 from __future__ import annotations
 
