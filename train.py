@@ -83,6 +83,11 @@ def main(raw: DictConfig) -> float | None:
         if distributed.from_environment().is_main:
             print(f"not converged: {err}", file=sys.stderr)
         sys.exit(NOT_CONVERGED)
+    except PeerLost as err:  # the log ended; rank 0 said how to resume
+        if HydraConfig.get().mode == RunMode.MULTIRUN:
+            raise  # the SLURM launcher requeues the job (hydra_plugins/rn50perf_slurm.py)
+        print(f"error: {err}", file=sys.stderr)  # here: raised on, it would get a line of Hydra's own before it
+        sys.exit(err.exit_status)
 
 
 def forget_refused_run(directory: Path) -> None:
@@ -439,9 +444,6 @@ if __name__ == "__main__":
         main()
     except USER_ERRORS as err:  # a mistake in the overrides, found before the run started
         exit_in_one_line(err)
-    except PeerLost as err:
-        print(f"error: {err}", file=sys.stderr)
-        sys.exit(err.exit_status)  # resume.sh continues it from its last checkpoint
     except StopRequested as stop:  # the run was checkpointed and its log ended; resume.sh says how to go on
         sys.exit(stop.exit_status)
     except ValueError as err:  # optuna's answer when a sweep has no best trial; anything else is a bug

@@ -280,6 +280,7 @@ def test_killing_a_rank_stops_the_other_with_a_message_naming_it(cache_dir, tmp_
     saved = re.search(r"its checkpoint is at step (\d+) \((\d+) steps to take again\)", stderr)
     assert saved and int(saved[1]) % 4 == 0 and int(saved[1]) >= 4 and int(saved[2]) <= 4, stderr  # an epoch's end
     assert "run.resume=auto" in (tmp_path / "killed" / "resume.sh").read_text()  # what a requeue runs
+    assert "Error executing job" not in stderr  # one line of the harness's, none of Hydra's
 
 
 @pytest.mark.slow
