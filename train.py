@@ -404,6 +404,7 @@ def train_epoch(run: Run, progress: Progress) -> tuple[float, float]:
         loop.losses.append(loss)
         progress.step(loop.batch, loss, lr)
         stop_if_requested(run)
+        checkpoint_if_due(run)
     losses = torch.stack(loop.losses)
     finite = losses[torch.isfinite(losses)]
     mean = distributed.mean_over_ranks(float(finite.mean()) if len(finite) else math.inf)
@@ -419,6 +420,14 @@ def stop_if_requested(run: Run) -> None:
     if stop is not None:
         save(run)
         raise stop
+
+
+def checkpoint_if_due(run: Run) -> None:
+    """Every run.checkpoint_every_steps steps within an epoch (its end saves after its evaluation): a lost rank
+    then costs at most that many steps."""
+    every, loop = run.cfg.run.checkpoint_every_steps, run.loop
+    if every and loop.step % every == 0 and loop.batch < run.steps_per_epoch:
+        save(run)
 
 
 def save(run: Run) -> None:

@@ -58,6 +58,7 @@ class RunConfig:
     max_epochs: int = 40
     resume: str = "none"  # none | auto: continue from the checkpoint in the output directory, if there is one
     checkpoint: bool = True  # write a checkpoint at each epoch end
+    checkpoint_every_steps: int = 0  # and every this many steps within an epoch too (0: at epoch ends only)
     progress: str = "auto"  # auto (bar on a terminal, lines otherwise) | bar | lines | none
     benchmark_steps: int = 20  # run.mode=benchmark: timed train steps on random in-memory batches
     tensorboard: bool = True  # rank 0 writes TensorBoard scalars into the run directory (tensorboard --logdir outputs)
@@ -149,6 +150,9 @@ def _validate_run(run: RunConfig) -> None:
     require(run.seed >= 0, "run.seed", f"must be 0 or more, got {run.seed}")
     one_of(run.resume, "run.resume", ("none", "auto"))
     one_of(run.progress, "run.progress", PROGRESS_MODES)
+    every = run.checkpoint_every_steps
+    require(every >= 0, "run.checkpoint_every_steps", f"must be 0 (epoch ends only) or more, got {every}")
+    require(run.checkpoint or not every, "run.checkpoint_every_steps", "needs run.checkpoint=true")
 
 
 def training_fingerprint(cfg: Config, world_size: int) -> dict[str, object]:

@@ -33,6 +33,7 @@ from tests.conftest import REPO, config_error, configured_dataset, run_train
         (["device=ipu_pod16", "device.cuda_graphs=true"], "device.cuda_graphs: a simulated IPU runs eager"),
         (["data.decode=nvjpeg"], "data.decode: 'nvjpeg' is not one of cpu, gpu"),
         (["data.workers=-1"], "data.workers: must be 0 or more, or null, got -1"),
+        (["run.checkpoint=false", "run.checkpoint_every_steps=100"], "run.checkpoint_every_steps: needs run.check"),
     ],
 )
 def test_a_bad_value_is_told_in_one_line_naming_the_key(overrides, message):

@@ -271,6 +271,18 @@ def test_a_run_stopped_at_the_end_of_an_epoch_then_killed_resumes_to_the_same_ru
     assert_same_run(straight(ONE_STEP_EPOCHS), tmp_path)
 
 
+def test_a_run_checkpointing_every_few_steps_killed_mid_epoch_resumes_to_the_same_run(straight, cache_dir, tmp_path):
+    """run.checkpoint_every_steps=3 over epochs of 4 steps: a checkpoint at step 3, mid-epoch, where SIGKILL (no
+    chance to save) finds it; resumed from there, the run ends with the weights of one never stopped."""
+    command = [sys.executable, "train.py", *TWO_EPOCHS, "run.checkpoint_every_steps=3", f"hydra.run.dir={tmp_path}"]
+    killed = stop_when(command, cache_dir, lambda _: (tmp_path / "checkpoint.pt").exists(), signal.SIGKILL)
+    saved = torch.load(tmp_path / "checkpoint.pt", weights_only=True)["loop"]
+    assert saved["step"] % 3 == 0 and saved["batch"] == saved["step"] % 4 != 0, killed.output  # within an epoch
+    resumed = run_train(*command[2:], "run.resume=auto", cache=cache_dir, check=True)
+    assert f"resuming at epoch {saved['epoch']} (step {saved['step']}, {saved['batch']} steps" in resumed.stdout
+    assert_same_run(straight(TWO_EPOCHS), tmp_path)
+
+
 def last_event(log: Path) -> str:
     """The key of the MLPerf log's last whole line ('' for none yet)."""
     try:
