@@ -234,7 +234,10 @@ def train(cfg: Config, out_dir: Path, topology: Topology, resolved: str) -> tupl
         try:
             status, accuracy = train_to_target(run)
         except BaseException as err:  # a bad file under data.corrupt=fail, a lost rank, a stop: the log ends the run
-            end_stopped(run, err)
+            lost = distributed.as_lost_peer(err)  # a collective that failed, as the rank it lost
+            end_stopped(run, lost or err)
+            if lost is not None and lost is not err:
+                raise lost from err
             raise
     return finish(run, status, accuracy)
 
@@ -281,7 +284,7 @@ def end_stopped(run: Run, err: BaseException) -> None:
         if run.topology.is_main:
             say_how_to_resume(f"{err} at {where(run)}: checkpoint written, log ended (run_stop aborted)", run)
         distributed.barrier()  # rank 0's checkpoint and log are whole before any rank exits
-    elif run.topology.is_main and distributed.as_lost_peer(err) is not None:
+    elif isinstance(err, PeerLost) and run.topology.is_main:
         lost = f"a rank was lost at {where(run)}: log ended (run_stop aborted)"
         if run.saved_step is None:
             say(f"\n{lost}; no checkpoint yet, so start the run again with a new hydra.run.dir", error=True)

@@ -97,7 +97,6 @@ class _Heartbeat:
 _heartbeat: _Heartbeat | None = None
 _control: dist.ProcessGroup | None = None  # gloo, for the loop's small host-side agreements when nccl carries data
 _timeout: timedelta | None = None  # dist.timeout_s, for the groups made after the default one
-_diagnosed: tuple[BaseException, PeerLost | None] | None = None  # as_lost_peer's last answer, and its question
 
 
 def collective_timeout() -> timedelta | None:
@@ -158,16 +157,8 @@ def process_group(topology: Topology, device_type: str, timeout_s: float) -> Ite
 
 
 def as_lost_peer(err: BaseException) -> PeerLost | None:
-    """`err` as the loss of another rank (naming it where the heartbeats show which) if a collective failed or
-    timed out because of one; None for this rank's own errors and for a clean stop. The answer for the last error
-    asked about is kept: reading the heartbeats takes two seconds, and the run's end and its process group ask."""
-    global _diagnosed
-    if _diagnosed is None or _diagnosed[0] is not err:
-        _diagnosed = err, _diagnose(err)
-    return _diagnosed[1]
-
-
-def _diagnose(err: BaseException) -> PeerLost | None:
+    """`err` as the loss of another rank (naming it where the heartbeats show which, which takes two seconds) if a
+    collective failed or timed out because of one; None for this rank's own errors and for a clean stop."""
     if isinstance(err, PeerLost):
         return err
     if not isinstance(err, RuntimeError) or _heartbeat is None:

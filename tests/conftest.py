@@ -251,12 +251,14 @@ def promoted(lines: list[str]) -> list[str]:
     return edited
 
 
-def processes_mentioning(marker: str) -> list[int]:
-    """The processes whose command line contains `marker` (a run's directory: its ranks and loader workers)."""
+def processes_mentioning(*markers: str) -> list[int]:
+    """The processes whose command line contains one of `markers` (a run's directory: its ranks and loader
+    workers)."""
     found = []
     for entry in Path("/proc").iterdir():
         try:
-            if marker in (entry / "cmdline").read_bytes().decode(errors="replace"):
+            cmdline = (entry / "cmdline").read_bytes().decode(errors="replace")
+            if any(marker in cmdline for marker in markers):
                 found.append(int(entry.name))
         except (OSError, ValueError):
             continue

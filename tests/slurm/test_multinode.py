@@ -80,7 +80,7 @@ def test_the_sbatch_example_trains_the_smoke_recipe_to_its_target_on_two_nodes(c
 def rank_processes(run_dir: Path) -> list[int]:
     """The ranks of the run in `run_dir` and their loader workers: the sbatch example's name the directory, the
     launcher's their job's folder in the sweep's .submitit/ (srun, which names them too, is not one)."""
-    named = {*processes_mentioning(f"hydra.run.dir={run_dir}"), *processes_mentioning(f"{run_dir.parent}/.submitit/")}
+    named = processes_mentioning(f"hydra.run.dir={run_dir}", f"{run_dir.parent}/.submitit/")
     return [pid for pid in named if comm(pid) != "srun"]
 
 
@@ -235,7 +235,7 @@ def test_a_preempted_two_node_job_checkpoints_and_resumes_to_the_same_weights(wh
     run_dir = tmp_path / "preempted"
     before = link_bytes("n2")
     job = run_across(run_dir, cache_dir)
-    injected = inject_mid_epoch(run_dir, "preempted", lambda: check_call(["scontrol", "requeue", job]))
+    injected = inject_mid_epoch(run_dir, "preempted", requeue(job))
     gone_s = seconds_until_gone(run_dir, injected)
     assert gone_s < GONE_WITHIN_S
     assert_stopped_attempt(run_dir)  # checkpointed at the step boundary after the signal: nothing to take again
@@ -252,8 +252,9 @@ def check(result: subprocess.CompletedProcess[str]) -> None:
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-def check_call(command: list[str]) -> None:
-    subprocess.run(command, check=True)
+def requeue(job: str) -> Callable[[], None]:
+    """As preemption would: SIGTERM to every task, then the job back in the queue."""
+    return lambda: check(subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True))
 
 
 @pytest.mark.slow
