@@ -6,7 +6,7 @@ from __future__ import annotations
 from functools import cache
 
 from projection.ipu import calibrate
-from projection.ipu.profile import ModelProfile
+from projection.profile import ModelProfile
 
 system = cache(calibrate.load_system)  # system("ipu_pod16") -> System
 

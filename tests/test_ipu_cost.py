@@ -9,7 +9,7 @@ import pytest
 from backends.ipu_sim.config import System
 from projection.ipu import calibrate, cost
 from projection.ipu.cost import Constants, RunShape, ring_allreduce_s, step_time
-from projection.ipu.profile import ModelProfile
+from projection.profile import ModelProfile
 from tests.systems import resnet50_profile, system
 
 

@@ -16,8 +16,8 @@ from torch.utils.checkpoint import checkpoint
 
 import models
 from projection.ipu.memory import OutOfMemory, in_flight, plan_memory
-from projection.ipu.probe import profile_model
-from projection.ipu.profile import ModelProfile
+from projection.probe import profile_model
+from projection.profile import ModelProfile
 from tests.systems import system
 
 # Graphcore's MLPerf v1.1 ResNet-50 recipe, per replica: fp16.16, LARS (one momentum slot), 20 x 10, one IPU.

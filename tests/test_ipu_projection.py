@@ -15,8 +15,8 @@ from backends.ipu_sim.clock import DeviceClock
 from configs.checks import ConfigError
 from configs.schema import Config, validate
 from mlperf_logs.logger import MLPerfLogger
+from projection.ipu.assumptions import ASSUMPTIONS
 from projection.ipu.calibrate import POD64
-from projection.ipu.uncertainty import ASSUMPTIONS
 from tests.conftest import assert_compliant, mllog_events, record_margin, run_train
 from tests.systems import system
 

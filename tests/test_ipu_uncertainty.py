@@ -8,8 +8,9 @@ import dataclasses
 import pytest
 
 from projection.ipu import calibrate
+from projection.ipu.assumptions import ASSUMPTIONS
 from projection.ipu.cost import Constants
-from projection.ipu.uncertainty import ASSUMPTIONS, Assumption, column, corners, headline, report
+from projection.uncertainty import Assumption, column, corners, headline, report
 from tests.systems import resnet50_profile, system
 
 refit = calibrate.refitter(resnet50_profile(), calibrate.in_sample_systems())
@@ -89,9 +90,11 @@ def test_the_headline_gives_the_answer_with_its_range_or_says_why_it_has_none():
     assert spread.throughput_img_s == pytest.approx((rate, rate), rel=1e-12)
     assert f"at {rate:,.0f} img/s (no assumed constant moves it);" in said  # not "(108,115 to 108,115)"
     central = refit(Constants())
-    assert f"throughput {rate:,.0f} img/s (no assumed constant moves it), time to train" in report(spread, central)
+    assert f"throughput {rate:,.0f} img/s (no assumed constant moves it), time to train" in report(
+        spread, central, ASSUMPTIONS
+    )
     assert f"time to train {spread.central.time_to_train_min:.3f} min ({low:.3f} to {high:.3f})" in report(
-        spread, central
+        spread, central, ASSUMPTIONS
     )
     fitted = dataclasses.replace(spread, most_sensitive=None, time_to_train_min=(low, low))  # a zero-width range
     assert headline(fitted, epochs=41).endswith(

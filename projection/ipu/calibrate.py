@@ -8,7 +8,7 @@ and evaluation. Fitted, in closed form or by bisection, each to what only it exp
   gateway_efficiency  <- POD128's steady epoch: the only in-sample system that spans POD64s
   eval_overhead_s     <- the three systems' evaluations, beyond their forward passes (mean residual)
 A steady epoch is a logged epoch with no checkpoint in it or before it (median over the five runs). The checkpoint
-and evaluation costs are read off the same logs (projection/ipu/uncertainty.py). IPU-POD256 and every Bow system
+and evaluation costs are read off the same logs (projection/ipu/assumptions.py). IPU-POD256 and every Bow system
 are held out: no constant or range is taken from them.
 
     python -m projection.ipu.calibrate             # the fit, the in-sample residuals, one JSON line
@@ -33,6 +33,7 @@ from omegaconf import OmegaConf
 from backends.ipu_sim.config import System
 from configs.schema import register
 from models import batchnorm, build_resnet50
+from projection.ipu.assumptions import ASSUMPTIONS
 from projection.ipu.cost import (
     Constants,
     Projection,
@@ -44,9 +45,8 @@ from projection.ipu.cost import (
     step_time,
 )
 from projection.ipu.plan import Layout, plan_run
-from projection.ipu.profile import ModelProfile
-from projection.ipu.uncertainty import (
-    ASSUMPTIONS,
+from projection.profile import ModelProfile
+from projection.uncertainty import (
     FIXED,
     Assumption,
     Interval,
@@ -193,7 +193,7 @@ def in_sample_systems() -> dict[str, System]:
     return {published.system: load_system(published.system) for published in IN_SAMPLE}
 
 
-def refitter(profile: ModelProfile, systems: Mapping[str, System]) -> Refit:
+def refitter(profile: ModelProfile, systems: Mapping[str, System]) -> Refit[Constants]:
     """`fit` for any assumed constants, each set fitted once: every interval refits the same corners and ends."""
     return cache(partial(fit, profile, systems))
 
@@ -220,13 +220,13 @@ SYSTEMS = {
 }
 
 
-def fitted_ranges(refit: Refit, central: Constants) -> dict[str, tuple[float, float]]:
+def fitted_ranges(refit: Refit[Constants], central: Constants) -> dict[str, tuple[float, float]]:
     """Each fitted constant's spread over the assumption corners the in-sample results allow, and the central fit."""
     fits = [central, *(fitted for fitted in map(refit, corners(central, ASSUMPTIONS)) if fitted is not None)]
     return {name: (min(getattr(f, name) for f in fits), max(getattr(f, name) for f in fits)) for name in FITTED}
 
 
-def print_constants(constants: Constants, refit: Refit) -> None:
+def print_constants(constants: Constants, refit: Refit[Constants]) -> None:
     print("fitted on ipu_pod16, ipu_pod64 and ipu_pod128 (MLPerf Training v1.1, ResNet-50), with the range the")
     print("assumptions below allow, and the systems that constrain each:")
     for name, (low, high) in fitted_ranges(refit, constants).items():
@@ -237,7 +237,9 @@ def print_constants(constants: Constants, refit: Refit) -> None:
     print()
 
 
-def print_calibration(profile: ModelProfile, systems: Mapping[str, System], constants: Constants, refit: Refit) -> None:
+def print_calibration(
+    profile: ModelProfile, systems: Mapping[str, System], constants: Constants, refit: Refit[Constants]
+) -> None:
     """The fit, and each in-sample system's projection with its range beside its published figures."""
     print_constants(constants, refit)
     print(f"{'system':<10} {'b x K x R':>10} {'img/s':>9} {'range':>17} {'published':>10} {'error':>7}", end="")
@@ -246,7 +248,7 @@ def print_calibration(profile: ModelProfile, systems: Mapping[str, System], cons
     fixed = False
     for published in IN_SAMPLE:
         system = systems[published.system]
-        spread = interval(partial(project_published, profile, system, published), refit, constants)
+        spread = interval(partial(project_published, profile, system, published), refit, constants, ASSUMPTIONS)
         projection = spread.central
         throughput_error = error(projection.throughput_img_s, published.throughput_img_s)
         ttt_error = error(projection.time_to_train_min, published.time_to_train_min)
@@ -281,11 +283,11 @@ def scaled(
     profile: ModelProfile,
     system: System,
     constants: Constants,
-    refit: Refit,
+    refit: Refit[Constants],
     grad_accum: int,
     epochs: int,
     assumptions: Mapping[str, Assumption] = ASSUMPTIONS,
-) -> Interval:
+) -> Interval[Projection]:
     """The recipe's micro-batch with `grad_accum` micro-batches per update, one replica per IPU of `system`."""
     shape = dataclasses.replace(RECIPE, replicas=system.ipus, grad_accum=grad_accum).shape()
 
@@ -317,7 +319,9 @@ def shares(projection: Projection, epochs: int) -> tuple[dict[str, float], dict[
 STEP_TERMS = ("compute", "allreduce", "gateway", "update", "sync", "host_sync")
 
 
-def print_scaling(profile: ModelProfile, constants: Constants, refit: Refit, grad_accum: int, epochs: int) -> None:
+def print_scaling(
+    profile: ModelProfile, constants: Constants, refit: Refit[Constants], grad_accum: int, epochs: int
+) -> None:
     """One recipe shape (20 images x K per replica, one IPU each) on every system of both chips: throughput per
     IPU, time-to-train, each step term's share of an update, and an epoch's time by what it is paid per."""
     print_constants(constants, refit)

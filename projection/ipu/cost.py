@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from backends.ipu_sim.config import System
 from data.datasets import IMAGENET_EVAL_IMAGES, IMAGENET_TRAIN_IMAGES
-from projection.ipu.profile import ModelProfile, StageProfile
+from projection.profile import ModelProfile, StageProfile
 
 
 @dataclass(frozen=True)
@@ -42,7 +42,7 @@ class Constants:
     """The free constants. Three are fitted by `python -m projection.ipu.calibrate` to the steady epochs of the
     in-sample systems (compute_efficiency to POD16, update_overhead_s to POD16 against POD64, gateway_efficiency to
     POD128); eval_overhead_s is fitted to their evaluations; the rest are measured in their logs or assumed, each
-    with the range and reason in projection/ipu/uncertainty.py."""
+    with the range and reason in projection/ipu/assumptions.py."""
 
     compute_efficiency: float = 0.2487  # fraction of the fp16/fp32 peak reached; fitted
     memory_efficiency: float = 0.5  # fraction of SRAM bandwidth reached

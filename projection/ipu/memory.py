@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from backends.ipu_sim.config import OPTIMIZER_STATES, Chip
-from projection.ipu.profile import ModelProfile
+from projection.profile import ModelProfile
 
 # Code, vertex state, exchange buffers and control programs are invisible from PyTorch: an assumed constant, not a
 # measurement. 180 MB (20 % of the 900 MB) is in the 150-200 MB range usually quoted for a ResNet-50 graph, and

@@ -12,8 +12,8 @@ from backends.ipu_sim.config import Chip
 from data.datasets import IMAGENET_TRAIN_IMAGES
 from projection.ipu.cost import RunShape, updates_per_host_call
 from projection.ipu.memory import MemoryPlan, plan_memory
-from projection.ipu.probe import profile_model
-from projection.ipu.profile import ModelProfile
+from projection.probe import profile_model
+from projection.profile import ModelProfile
 
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 OPTIMIZER_SLOTS = 1  # momentum, for LARS and SGD alike

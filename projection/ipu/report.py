@@ -7,10 +7,12 @@ from __future__ import annotations
 import json
 
 from backends.ipu_sim.config import System
-from projection.ipu import calibrate, cost, uncertainty
+from projection import uncertainty
+from projection.ipu import calibrate, cost
+from projection.ipu.assumptions import ASSUMPTIONS
 from projection.ipu.cost import Constants, Projection, Schedule
 from projection.ipu.plan import Plan
-from projection.ipu.uncertainty import Interval
+from projection.uncertainty import Interval
 
 
 def project(planned: Plan, system: System, schedule: Schedule) -> str:
@@ -26,7 +28,7 @@ def project(planned: Plan, system: System, schedule: Schedule) -> str:
 
     central = refit(Constants())
     assert central is not None, "the central constants must fit the in-sample results"
-    spread = uncertainty.interval(at, refit, central)
+    spread = uncertainty.interval(at, refit, central, ASSUMPTIONS)
     return report(planned, system, shape, spread, central, schedule.epochs, beyond_calibration(planned, system, shape))
 
 
@@ -63,7 +65,7 @@ def report(
     planned: Plan,
     system: System,
     shape: cost.RunShape,
-    spread: Interval,
+    spread: Interval[Projection],
     central: Constants,
     epochs: int,
     beyond: list[str],
@@ -79,7 +81,7 @@ def report(
             f"{system.name}: {system.ipus} {system.chip.name} IPUs, {hosts}",
             f"{planned.memory.table()}\n{planned.memory.suggestion()}\n",
             cost.report(spread.central, shape, len(planned.profile.stages), epochs),
-            uncertainty.report(spread, central),
+            uncertainty.report(spread, central, ASSUMPTIONS),
             reach,
             json.dumps(uncertainty.figures(spread) | memory | {"beyond_calibration": beyond}),
         ]

@@ -1,10 +1,11 @@
-"""How sure a projection is: each assumed constant of the cost model has a range and the reason for it.
+"""How sure a projection is, for any hardware family's model: each assumed constant has a range and the reason
+for it (projection/ipu/assumptions.py, projection/gpu/cost.py).
 
-The projection is repeated at every corner of those ranges. Each corner is refitted to the in-sample results
-(POD16, POD64, POD128) first, so their steady epochs stay exact at every corner, and a corner they leave no physical
-fit for (an efficiency above 1, a negative cost) is left out. The interval a projection prints is what the
-assumptions allow beyond the systems the model is fitted on: the further a run is from them (more POD64s, fewer
-micro-batches per update, another chip), the more a constant they do not pin down moves it.
+The projection is repeated at every corner of those ranges. Each corner is refitted to the family's in-sample
+results first, so they stay matched at every corner, and a corner they leave no physical fit for (an efficiency
+above 1, a negative cost) is left out. The interval a projection prints is what the assumptions allow beyond the
+systems the model is fitted on: the further a run is from them (more nodes or POD64s, smaller batches per chip,
+another chip), the more a constant they do not pin down moves it.
 """
 
 from __future__ import annotations
@@ -13,8 +14,27 @@ import dataclasses
 import itertools
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Generic, Protocol, TypeVar
 
-from projection.ipu.cost import Constants, Projection
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+
+class Projected(Protocol):
+    """What every family's projection gives: MLPerf's throughput and the time to train."""
+
+    @property
+    def throughput_img_s(self) -> float: ...
+
+    @property
+    def time_to_train_min(self) -> float: ...
+
+    @property
+    def epoch_s(self) -> float: ...
+
+
+C = TypeVar("C", bound="DataclassInstance")  # a model's constants
+P = TypeVar("P", bound=Projected)
 
 
 @dataclass(frozen=True)
@@ -26,88 +46,22 @@ class Assumption:
     additive: bool = False  # only adds time after the steps (time-to-train rises with it): its two ends bound it
 
 
-# Where the in-sample logs time a cost, its range is their spread; elsewhere no published figure pins it (Graphcore
-# publishes bandwidths, not latencies or program costs), and the range is what the hardware's structure allows, from
-# the sources named. docs/ipu_sim.md says how each was chosen.
-ASSUMPTIONS: dict[str, Assumption] = {
-    "memory_efficiency": Assumption(
-        0.25,
-        0.8,
-        "",
-        "Jia et al. 2019 (arXiv:1912.03413): compiled loops reach 1/4 of SRAM peak, assembly 0.99",
-    ),
-    "collective_latency_s": Assumption(
-        3e-6, 20e-6, "us", "a ring step is a Sync-Link sync (sub-us) plus staging through GCL's IO tiles (35 kB each)"
-    ),
-    "gateway_latency_s": Assumption(
-        4e-6, 40e-6, "us", "IPU to gateway over PCIe Gen4 x8, a 100 GbE RoCE hop (and a switch in Bow Pod256), back"
-    ),
-    "gateway_growth": Assumption(
-        0.0,
-        1.0,
-        "",
-        "in-sample runs span at most 2 POD64s: from a crossing that does not multiply (0) to a cost per ring step (1)",
-    ),
-    "sync_s": Assumption(0.3e-6, 5e-6, "us", "Sync-Links carry BSP syncs in hardware; gc-hostsynclatencytest: ~0.3 us"),
-    "gateway_sync_s": Assumption(
-        4e-6, 40e-6, "us", "a sync spanning POD64s is packetised over GW-Links: a RoCE round trip, not a Sync-Link"
-    ),
-    "host_sync_s": Assumption(0.2e-3, 5e-3, "ms", "a host round trip's fixed cost: engine run, callbacks, outfeed"),
-    "host_hop_s": Assumption(
-        20e-6, 200e-6, "us", "one small TCP message between host processes over 100 GbE, MPI stack included"
-    ),
-    "instance_sync_s": Assumption(
-        0.0,
-        2.65e-3,
-        "ms",
-        "per host process per round trip: 0, up to 2.65 ms, where it leaves POD128's gateways at line rate",
-    ),
-    "loader_img_s_per_core": Assumption(
-        400, 1100, "", "bench.loader's per-core rates on a 2.1 GHz Xeon, DALI-like to fused; the EPYC 7742 unmeasured"
-    ),
-    "catch_up_s": Assumption(
-        0.30, 0.43, "s", "v1.1 logs: the epoch after a checkpoint over a steady one (POD128 0.30-0.34, POD16 0.41-0.43)"
-    ),
-    "checkpoint_s": Assumption(
-        1.93,
-        2.46,
-        "s",
-        "v1.1 logs: a checkpoint epoch over a steady one (POD128 1.93-1.96, POD16 2.05, POD64 2.83 less catch-up)",
-        additive=True,
-    ),
-    "eval_setup_s": Assumption(
-        15.9,
-        18.8,
-        "s",
-        "v1.1 logs: eval block start to the first evaluation and its extra over a later one (POD128 15.9, POD16 18.8)",
-        additive=True,
-    ),
-    "broadcast_s_per_instance": Assumption(
-        14.5e-3,
-        18.9e-3,
-        "ms",
-        "v1.1 logs: the gap between evaluations over the other instances (POD64 14.5, POD16 16.6, POD128 18.9 ms)",
-        additive=True,
-    ),
-}
-
-
 @dataclass(frozen=True)
-class Interval:
+class Interval(Generic[P]):
     """The central projection, its range over the assumptions, and the one assumption that moves time-to-train
     most."""
 
-    central: Projection
+    central: P
     throughput_img_s: tuple[float, float]
     time_to_train_min: tuple[float, float]
     most_sensitive: str | None  # None where no assumption moves it (the layout the constants are fitted to)
     sensitive_time_to_train_min: tuple[float, float]  # time-to-train at that assumption's low and high end
 
 
-Refit = Callable[[Constants], Constants | None]  # None: the in-sample results leave no physical fit
+Refit = Callable[[C], C | None]  # None: the in-sample results leave no physical fit
 
 
-def corners(central: Constants, assumptions: Mapping[str, Assumption]) -> Iterator[Constants]:
+def corners(central: C, assumptions: Mapping[str, Assumption]) -> Iterator[C]:
     """`central` with every combination of the assumptions' low and high ends; the additive ones all at their low
     ends or all at their high ends, which bounds them (time-to-train only rises with each)."""
     joint = {name: a for name, a in assumptions.items() if not a.additive}
@@ -118,18 +72,18 @@ def corners(central: Constants, assumptions: Mapping[str, Assumption]) -> Iterat
             yield dataclasses.replace(central, **dict(zip(joint, ends, strict=True)), **extremes)
 
 
-def ends(central: Constants, name: str, assumption: Assumption) -> tuple[Constants, Constants]:
+def ends(central: C, name: str, assumption: Assumption) -> tuple[C, C]:
     """`central` with one assumption at its low end, and at its high end."""
     low, high = ({name: end} for end in (assumption.low, assumption.high))
     return dataclasses.replace(central, **low), dataclasses.replace(central, **high)
 
 
 def interval(
-    project_at: Callable[[Constants], Projection],
-    refit: Refit,
-    central: Constants,
-    assumptions: Mapping[str, Assumption] = ASSUMPTIONS,
-) -> Interval:
+    project_at: Callable[[C], P],
+    refit: Refit[C],
+    central: C,
+    assumptions: Mapping[str, Assumption],
+) -> Interval[P]:
     """The projection at `central` and the range of throughput and time-to-train over the corners and single ends
     the in-sample results allow (one they leave no physical fit for is left out; the central projection is
     included, so the interval holds it even where the model is not monotonic in a constant)."""
@@ -156,7 +110,7 @@ def interval(
     )
 
 
-def figures(interval: Interval) -> dict[str, object]:
+def figures(interval: Interval[P]) -> dict[str, object]:
     """The central throughput and time-to-train and their ranges, rounded for a JSON line."""
     central = interval.central
     return {
@@ -194,7 +148,7 @@ def column(low: float, high: float, shown: Callable[[float], str]) -> str:
 FIXED = 'a range "fixed": no assumed constant moves the figure (the steady epochs it was fitted to fix it)'
 
 
-def headline(interval: Interval, epochs: int) -> str:
+def headline(interval: Interval[P], epochs: int) -> str:
     """The answer first, for a reader new to IPUs: time to train and throughput, each with its range and what the
     range comes from (docs/ipu_sim.md explains the terms of the breakdown below it)."""
     ttt, rate = interval.central.time_to_train_min, interval.central.throughput_img_s
@@ -211,7 +165,7 @@ def headline(interval: Interval, epochs: int) -> str:
     )
 
 
-def report(interval: Interval, central: Constants, assumptions: Mapping[str, Assumption] = ASSUMPTIONS) -> str:
+def report(interval: Interval[P], central: C, assumptions: Mapping[str, Assumption]) -> str:
     """The ranges, as run.mode=project prints them under the central projection."""
     name, (low, high) = interval.most_sensitive, interval.sensitive_time_to_train_min
     rate, ttt = interval.central.throughput_img_s, interval.central.time_to_train_min

@@ -20,7 +20,7 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 from torchvision.models.resnet import Bottleneck
 
-from projection.ipu.profile import ModelProfile, StageProfile
+from projection.profile import ModelProfile, StageProfile
 
 # Each layer's forward reads its input and weights and writes its output; its backward reads the saved input,
 # the weights and the output gradient and writes the input and weight gradients: about twice the forward traffic.
