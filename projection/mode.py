@@ -12,7 +12,7 @@ from backends.ipu_sim import simulator
 from configs.schema import Config, batch_shape
 from data.datasets import dataset_size
 from projection.ipu import report
-from projection.ipu.cost import Schedule
+from projection.run import Schedule
 
 
 def project(cfg: Config, out_dir: Path | None) -> None:

@@ -38,7 +38,6 @@ from projection.ipu.cost import (
     Constants,
     Projection,
     RunShape,
-    Schedule,
     eval_image_s,
     host_calls_per_epoch,
     project,
@@ -46,6 +45,7 @@ from projection.ipu.cost import (
 )
 from projection.ipu.plan import Layout, plan_run
 from projection.profile import ModelProfile
+from projection.run import Schedule
 from projection.uncertainty import (
     FIXED,
     Assumption,

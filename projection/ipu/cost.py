@@ -15,8 +15,8 @@ import statistics
 from dataclasses import dataclass
 
 from backends.ipu_sim.config import System
-from data.datasets import IMAGENET_EVAL_IMAGES, IMAGENET_TRAIN_IMAGES
 from projection.profile import ModelProfile, StageProfile
+from projection.run import Schedule
 
 
 @dataclass(frozen=True)
@@ -92,18 +92,6 @@ class StepTime:
     @property
     def total_s(self) -> float:
         return max(self.device_s, self.host_feed_s)
-
-
-@dataclass(frozen=True)
-class Schedule:
-    """What a run does besides its steps: `epochs` of `train_images`, a checkpoint every `eval_every` epochs from
-    `first_eval` (and at the last), each evaluated on `eval_images` after training, as Graphcore's runs did."""
-
-    epochs: int
-    train_images: int = IMAGENET_TRAIN_IMAGES
-    eval_images: int = IMAGENET_EVAL_IMAGES
-    eval_every: int = 4
-    first_eval: int = 4
 
 
 @dataclass(frozen=True)

@@ -10,8 +10,9 @@ from backends.ipu_sim.config import System
 from projection import uncertainty
 from projection.ipu import calibrate, cost
 from projection.ipu.assumptions import ASSUMPTIONS
-from projection.ipu.cost import Constants, Projection, Schedule
+from projection.ipu.cost import Constants, Projection
 from projection.ipu.plan import Plan
+from projection.run import Schedule
 from projection.uncertainty import Interval
 
 
