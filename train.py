@@ -117,7 +117,8 @@ def run(raw: DictConfig) -> float | None:
         if cfg.run.mode == "benchmark":
             benchmark(cfg, topology)
         elif cfg.run.mode == "project":
-            project(cfg, Path(HydraConfig.get().runtime.output_dir) if topology.is_main else None)
+            out_dir = Path(HydraConfig.get().runtime.output_dir) if topology.is_main else None
+            project(cfg, out_dir, HydraConfig.get().overrides.task)
         else:
             catch_stop_signals()  # SIGTERM, SIGINT, SIGUSR1: checkpoint and end the log at the next step boundary
             out_dir = distributed.agree_on_output_dir(Path(HydraConfig.get().runtime.output_dir))

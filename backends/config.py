@@ -9,13 +9,16 @@ from dataclasses import dataclass, field
 from backends.ipu_sim.config import OPTIMIZER_STATES, System
 from configs.checks import ConfigError, one_of, positive, require
 from configs.shape import BatchShape
+from projection.gpu.config import Cluster
 
-DEVICES = ("cpu", "cuda", "ipu_sim")  # what backends.build.BACKENDS dispatches on; ipu_sim: a simulated IPU system
+# What backends.build.BACKENDS dispatches on (ipu_sim: a simulated IPU system), and gpu_cluster: GPU nodes that
+# run.mode=project projects a run onto (configs/device/dgx_*.yaml, pcie_l40s.yaml) and nothing executes on.
+DEVICES = ("cpu", "cuda", "ipu_sim", "gpu_cluster")
 
 
 @dataclass
 class DeviceConfig:
-    name: str = "cpu"  # cpu | cuda | ipu_sim
+    name: str = "cpu"  # cpu | cuda | ipu_sim | gpu_cluster
     threads: int = 0  # torch intra-op threads; 0 keeps torch's default
     channels_last: bool = True  # NHWC activations: faster on every device measured (docs/gpu.md, docs/precision.md)
     foreach: bool | None = None  # the optimizer step as multi-tensor ops over all parameters; None: on CUDA only
@@ -34,6 +37,11 @@ class DeviceConfig:
     recompute: str = "none"  # none | auto | module names whose outputs are checkpoints, comma-separated
     optimizer_state: str = "on_chip"  # on_chip | streaming (off-chip DDR)
     input_8bit: bool = True  # images cross the host link as uint8 and are normalised on the device
+    cluster: Cluster | None = None  # gpu_cluster: the nodes' GPUs and fabric (configs/device/<cluster>.yaml)
+    nodes: int = 1  # gpu_cluster: nodes in the cluster
+    gpus_per_node: int = 1  # gpu_cluster: GPUs used on each node, one data-parallel replica each
+    measured: str | None = None  # gpu_cluster: a gpu.json from make gpu-check, whose step on one GPU replaces the
+    # modelled compute: the projection of rn50perf itself on the cluster
 
 
 def simulated(device: DeviceConfig) -> bool:
@@ -41,11 +49,47 @@ def simulated(device: DeviceConfig) -> bool:
     return device.name == "ipu_sim"
 
 
+def gpu_cluster(device: DeviceConfig) -> bool:
+    """Whether the device is a GPU cluster that only run.mode=project projects onto (configs/device/dgx_*.yaml)."""
+    return device.name == "gpu_cluster"
+
+
+def replicas(device: DeviceConfig, world_size: int) -> int:
+    """Data-parallel replicas: a simulated IPU system's, a GPU cluster's GPUs, or else one per rank."""
+    if simulated(device):
+        return device.replicas
+    if gpu_cluster(device):
+        return device.nodes * device.gpus_per_node
+    return world_size
+
+
 def validate_device(device: DeviceConfig, bn_group_size: int, shape: BatchShape) -> None:
     one_of(device.name, "device.name", DEVICES)
     require(device.threads >= 0, "device.threads", f"must be 0 (default) or more, got {device.threads}")
     if simulated(device):
         validate_ipu(device, bn_group_size, shape)
+    if gpu_cluster(device):
+        validate_cluster(device, shape)
+
+
+def validate_cluster(device: DeviceConfig, shape: BatchShape) -> None:
+    """A GPU cluster needs its nodes described, at most as many GPUs used per node as a node has, and a global batch
+    that deals the same whole number of images to every GPU."""
+    cluster = device.cluster
+    if cluster is None:
+        raise ConfigError("device", "gpu_cluster needs a cluster: device=dgx_a100, dgx_h100, dgx_h200 or pcie_l40s")
+    positive(device.nodes, "device.nodes")
+    require(
+        1 <= device.gpus_per_node <= cluster.max_gpus_per_node,
+        "device.gpus_per_node",
+        f"must be 1 to the {cluster.max_gpus_per_node} GPUs of a {cluster.name} node, got {device.gpus_per_node}",
+    )
+    gpus = device.nodes * device.gpus_per_node
+    require(
+        shape.global_batch % (gpus * shape.grad_accum) == 0,
+        "data.global_batch",
+        f"{shape.global_batch} images do not deal evenly to {gpus} GPUs x dist.grad_accum {shape.grad_accum}",
+    )
 
 
 def validate_ipu(device: DeviceConfig, bn_group_size: int, shape: BatchShape) -> None:

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from hydra.core.config_store import ConfigStore
 
-from backends.config import DeviceConfig, simulated, validate_device
+from backends.config import DeviceConfig, gpu_cluster, replicas, simulated, validate_device
 from configs.checks import ConfigError, one_of, positive, require
 from configs.shape import BatchShape
 from data.config import DataConfig
@@ -84,8 +84,9 @@ def register() -> None:
 
 def batch_shape(cfg: Config, world_size: int) -> BatchShape:
     """The run's batch shape on `world_size` ranks."""
-    replicas = cfg.device.replicas if simulated(cfg.device) else world_size
-    return BatchShape(cfg.data.global_batch, world_size, replicas, cfg.dist.grad_accum, cfg.dist.bn_group_size)
+    return BatchShape(
+        cfg.data.global_batch, world_size, replicas(cfg.device, world_size), cfg.dist.grad_accum, cfg.dist.bn_group_size
+    )
 
 
 def _no_added_keys(section: DataclassInstance, prefix: str = "") -> None:
@@ -119,9 +120,15 @@ def validate(cfg: Config, world_size: int = 1) -> None:
         validate_closed_division(cfg.optim, cfg.data.global_batch, cfg.mlperf.target_accuracy)
     _validate_run(cfg.run)
     require(
-        cfg.run.mode != "project" or simulated(cfg.device),
+        cfg.run.mode != "project" or simulated(cfg.device) or gpu_cluster(cfg.device),
         "run.mode",
-        "project times a simulated IPU system: add device=ipu_pod16, ipu_pod64, ...",
+        "project times a simulated IPU system or a GPU cluster: add device=ipu_pod16, ..., dgx_h100, ...",
+    )
+    require(
+        cfg.run.mode == "project" or not gpu_cluster(cfg.device),
+        "device",
+        f"{cfg.device.cluster and cfg.device.cluster.name} describes GPU nodes to project onto (run.mode=project);"
+        " to run on this machine's GPU, use device=cuda",
     )
 
 

@@ -1,30 +1,33 @@
-"""run.mode=project: the simulated IPU system's memory plan and projected time-to-train (no data, no MLPerf log),
-printed and kept in the run directory: projection.txt (all of it) and projection.json (its figures)."""
+"""run.mode=project: the projected time to train on hardware the run does not execute on (no data, no MLPerf log),
+printed and kept in the run directory: projection.txt (all of it) and projection.json (its figures, the last line).
+A simulated IPU system (device=ipu_pod*, bow_pod*) gets its memory plan too; a GPU cluster (device=dgx_*,
+pcie_l40s) its step from the model calibrated on NVIDIA's results, or from a step measured on one of its GPUs."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
 
 import rundir
+from backends.config import gpu_cluster
 from backends.ipu_sim import simulator
 from configs.schema import Config, batch_shape
 from data.datasets import dataset_size
+from projection.gpu.cost import Layout
+from projection.gpu.measured import read_measured
+from projection.gpu.report import projection_report
 from projection.ipu import report
-from projection.run import Schedule
+from projection.run import Epochs, Schedule, given_epochs, reference_epochs
 
 
-def project(cfg: Config, out_dir: Path | None) -> None:
-    """Probe the model on the host, then print the system's memory plan, the step time by component, and the
-    projected epoch and time-to-train for run.max_epochs; write them into `out_dir` too (rank 0's)."""
+def project(cfg: Config, out_dir: Path | None, command_line: Sequence[str]) -> None:
+    """Print the projection and write it into `out_dir` too (rank 0's). `command_line` holds the run's overrides:
+    whether it names run.max_epochs."""
     torch.manual_seed(cfg.run.seed)
-    classes, train_images, eval_images = dataset_size(cfg.data)
-    shape = batch_shape(cfg, world_size=1)  # a simulated system's replicas, whatever the ranks that project it
-    plan = simulator.plan(cfg, shape, simulator.build_model(cfg, classes))
-    mlperf = cfg.mlperf
-    schedule = Schedule(cfg.run.max_epochs, train_images, eval_images, mlperf.eval_every, mlperf.first_eval)
-    said, figures = report.project(plan, simulator.system_of(cfg), schedule).rsplit("\n", 1)
+    text = gpu_projection(cfg, command_line) if gpu_cluster(cfg.device) else ipu_projection(cfg)
+    said, figures = text.rsplit("\n", 1)
     if out_dir is not None:  # named before the figures, which stay the last line
         kept = f"{rundir.PROJECTION_TEXT}: all of this; {rundir.PROJECTION_JSON}: the last line"
         said += f"\noutputs: {out_dir} ({kept})"
@@ -33,3 +36,35 @@ def project(cfg: Config, out_dir: Path | None) -> None:
     if out_dir is not None:
         (out_dir / rundir.PROJECTION_TEXT).write_text(text + "\n")
         (out_dir / rundir.PROJECTION_JSON).write_text(figures + "\n")
+
+
+def schedule_of(cfg: Config, epochs: int) -> Schedule:
+    _, train_images, eval_images = dataset_size(cfg.data)
+    return Schedule(epochs, train_images, eval_images, cfg.mlperf.eval_every, cfg.mlperf.first_eval)
+
+
+def ipu_projection(cfg: Config) -> str:
+    """Probe the model on the host, then the system's memory plan, the step time by component, and the projected
+    epoch and time to train for run.max_epochs (the mlperf_pod* recipes give the epochs Graphcore's runs took)."""
+    classes, _, _ = dataset_size(cfg.data)
+    shape = batch_shape(cfg, world_size=1)  # a simulated system's replicas, whatever the ranks that project it
+    plan = simulator.plan(cfg, shape, simulator.build_model(cfg, classes))
+    return report.project(plan, simulator.system_of(cfg), schedule_of(cfg, cfg.run.max_epochs))
+
+
+def gpu_projection(cfg: Config, command_line: Sequence[str]) -> str:
+    """The cluster's step, epoch and time to train; the epochs are run.max_epochs where the command line gives it,
+    else MLPerf's reference convergence point for the global batch."""
+    device = cfg.device
+    assert device.cluster is not None  # the config's check
+    shape = batch_shape(cfg, world_size=1)
+    layout = Layout(device.nodes, device.gpus_per_node, shape.micro_batch * shape.grad_accum)
+    epochs = epochs_of(cfg, command_line)
+    measured = None if device.measured is None else read_measured(device.measured)
+    return projection_report(device.cluster, layout, schedule_of(cfg, epochs.count), epochs, measured)
+
+
+def epochs_of(cfg: Config, command_line: Sequence[str]) -> Epochs:
+    if any(override.startswith("run.max_epochs=") for override in command_line):
+        return given_epochs(cfg.run.max_epochs)
+    return reference_epochs(cfg.data.global_batch, cfg.mlperf.first_eval, cfg.mlperf.eval_every)

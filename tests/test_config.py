@@ -155,6 +155,7 @@ def test_the_schema_composes_config_modules_and_imports_no_implementation():
         "mlperf_logs.config",
         "monitor.config",
         "optim.config",
+        "projection.gpu.config",
         "rundir",
     }
 

@@ -1,0 +1,295 @@
+"""Fit the GPU cost model's free constants to five published MLPerf Training ResNet-50 results, and print the fit.
+
+The in-sample systems are NVIDIA's MXNet runs on DGX A100 (v2.1: 1 and 8 nodes) and DGX H100 (v3.0: 1, 8 and 64
+nodes); their result logs (mlcommons/training_results_v2.1 and v3.0, NVIDIA/results/<system>/resnet/result_0..4.txt)
+time every epoch and evaluation. Fitted, by least squares on the relative error of the five steady epochs (the
+step is linear in each while the GPUs, not the hosts, bind):
+  compute_efficiency  <- the one-node runs' large batches on two chips: one chip's FLOPs and bandwidth against the
+  traffic_fraction    <- other's (H100 has 3.2x the A100's tensor peak and 1.6x its bandwidth)
+  step_floor_s        <- the multi-node runs' small per-GPU batches (40 to 51 images)
+  eval_image_factor   <- the five systems' evaluations (least squares on their relative errors): the images
+  eval_overhead_s     <- per GPU run from 6,250 (one node) down to 98 (64 nodes)
+  warmup_epochs       <- the five times to train beyond their steps, evaluations and start (mean residual, in
+                         epochs); its range is the logs' spread of the first two epochs' excess
+A steady epoch is the median epoch from the third on, median over the five runs. The start and the first
+evaluation's extra time are read off the same logs (ASSUMPTIONS below). Every other ResNet-50 result in
+training_results v2.1 to v4.0 is held out: no constant or range is taken from one.
+
+    python -m projection.gpu.calibrate     # the fit, the in-sample systems against their published figures
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from functools import cache, partial
+
+import numpy as np
+from hydra import compose, initialize_config_module
+from hydra.core.global_hydra import GlobalHydra
+from omegaconf import OmegaConf
+
+from configs.schema import register
+from models import batchnorm, build_resnet50
+from projection.gpu import cost
+from projection.gpu.config import Cluster
+from projection.gpu.cost import Constants, Layout, Projection
+from projection.probe import profile_model
+from projection.profile import ModelProfile
+from projection.run import Schedule
+from projection.uncertainty import FIXED, Assumption, Interval, Refit, column, corners, describe, figures, interval
+
+
+@dataclass(frozen=True)
+class Published:
+    """One in-sample result (the NVIDIA config behind it, its five logs) and what its logs time (medians)."""
+
+    system: str  # the results folder
+    device: str  # configs/device/<device>.yaml
+    layout: Layout
+    schedule: Schedule  # NUMEPOCHS reached, EVAL_OFFSET + 1, EVAL_PERIOD
+    throughput_img_s: float  # a steady block of epochs and its evaluation
+    time_to_train_min: float  # the olympic mean
+    steady_epoch_s: float  # logs: an epoch from the third on
+    evaluation_s: float  # logs: an evaluation after the first
+
+
+A100 = Published(
+    "dgxa100_ngc22.04_mxnet", "dgx_a100", Layout(1, 8, 408), Schedule(35, first_eval=3), 27_003, 28.685, 47.117, 1.2395
+)
+A100_N8 = Published(
+    "dgxa100_n8_ngc22.04_mxnet", "dgx_a100", Layout(8, 8, 51), Schedule(35, first_eval=3), 166_868, 4.503, 7.641, 0.1305
+)
+H100 = Published(
+    "dgxh100_ngc23.04_mxnet", "dgx_h100", Layout(1, 8, 400), Schedule(35, first_eval=3), 55_802, 13.601, 22.847, 0.3965
+)
+H100_N8 = Published(
+    "dgxh100_n8_ngc23.04_mxnet", "dgx_h100", Layout(8, 8, 50), Schedule(35, first_eval=3), 293_450, 2.664, 4.346, 0.067
+)
+H100_N64 = Published(
+    "dgxh100_n64_ngc23.04_mxnet", "dgx_h100", Layout(64, 8, 40), Schedule(50, first_eval=2),
+    2_226_665, 0.509, 0.570, 0.013,
+)  # fmt: skip
+IN_SAMPLE = (A100, A100_N8, H100, H100_N8, H100_N64)
+FITTED = {  # each fitted constant and the systems that constrain it
+    "compute_efficiency": "dgxa100, dgxh100 (one node each)",
+    "traffic_fraction": "dgxa100, dgxh100 (one node each)",
+    "step_floor_s": "dgxa100_n8, dgxh100_n8, dgxh100_n64",
+    "eval_image_factor": "all five",
+    "eval_overhead_s": "all five",
+}
+
+# Where the in-sample logs time a cost, its range is their spread (medians over each system's five runs); elsewhere
+# no published figure pins it, and the range is what the hardware's structure allows. docs/projection.md says more.
+ASSUMPTIONS: dict[str, Assumption] = {
+    "nvlink_efficiency": Assumption(
+        0.6, 0.95, "%", "NCCL's bus bandwidth within a node: a ring's protocol overheads to near line rate"
+    ),
+    "nvlink_latency_s": Assumption(1e-6, 10e-6, "us", "one NCCL ring step over NVSwitch (or PCIe), kernel to kernel"),
+    "fabric_efficiency": Assumption(
+        0.5, 0.95, "%", "NCCL's bus bandwidth per InfiniBand rail: GPUDirect RDMA less headers, to near line rate"
+    ),
+    "fabric_latency_s": Assumption(3e-6, 20e-6, "us", "one step between nodes: a switch hop or two and NCCL's proxy"),
+    "loader_img_s_per_core": Assumption(
+        600, 3000, "", "a host core's share of decoding with nvJPEG and the hardware decoders; DGX H100 fed 498"
+    ),
+    "start_s": Assumption(0.22, 1.14, "s", "logs: run_start to the first epoch (A100 0.22, H100 0.8, n8 1.14)", True),
+    "warmup_epochs": Assumption(
+        0.115,
+        1.293,
+        "",
+        "centre fitted to the five times to train; logs: the first two epochs over two steady ones, 0.12 to 1.29",
+        True,
+    ),
+    "first_eval_extra_s": Assumption(
+        0.032, 5.53, "s", "logs: the first evaluation over a later one (H100 n64 0.03 to one DGX A100 5.5)", True
+    ),
+}
+
+
+@cache
+def resnet50_profile() -> ModelProfile:
+    """ResNet-50 v1.5, one training image probed on the host (a few seconds): its FLOPs, traffic and parameters."""
+    model = build_resnet50(1000, batchnorm(0.1, 1e-5), channels_last=True)
+    return profile_model(model, micro_batch=1, image_size=224)
+
+
+def load_cluster(name: str) -> Cluster:
+    """configs/device/<name>.yaml with its GPU, composed by Hydra as a run would."""
+    register()
+    inside_a_run = GlobalHydra.instance().is_initialized()
+    with contextlib.nullcontext() if inside_a_run else initialize_config_module("configs", version_base="1.3"):
+        cfg = compose("config", overrides=[f"device={name}"])
+    cluster = OmegaConf.to_object(cfg.device.cluster)
+    assert isinstance(cluster, Cluster)
+    return cluster
+
+
+def in_sample_clusters() -> dict[str, Cluster]:
+    return {published.device: load_cluster(published.device) for published in IN_SAMPLE}
+
+
+def target_s(published: Published) -> float:
+    """One step of the published run: its steady epoch over its steps."""
+    return published.steady_epoch_s * published.layout.global_batch / published.schedule.train_images
+
+
+def fit_step(profile: ModelProfile, clusters: Mapping[str, Cluster], assumed: Constants) -> Constants | None:
+    """compute_efficiency, traffic_fraction and step_floor_s by least squares on the steps' relative errors; None
+    where the assumed constants leave no physical fit (an efficiency or fraction outside (0, 1], a negative floor,
+    a run its hosts would bind)."""
+    flops, traffic = cost.image_work(profile)
+    rows, targets = [], []
+    for published in IN_SAMPLE:
+        cluster, layout = clusters[published.device], published.layout
+        step, _ = cost.step_time(profile, cluster, layout, dataclasses.replace(assumed, step_floor_s=0.0))
+        rest = step.device_s - step.compute_s
+        target = target_s(published)
+        gpu = cluster.gpu
+        row = [layout.batch * flops / gpu.fp16_flops, layout.batch * traffic / gpu.memory_bandwidth, 1.0]
+        rows.append([value / target for value in row])
+        targets.append((target - rest) / target)
+    (inverse_efficiency, fraction, floor), *_ = np.linalg.lstsq(np.array(rows), np.array(targets), rcond=None)
+    if inverse_efficiency < 1 or not 0 < fraction <= 1 or floor < 0:
+        return None
+    fitted = dataclasses.replace(
+        assumed, compute_efficiency=1 / inverse_efficiency, traffic_fraction=float(fraction), step_floor_s=float(floor)
+    )
+    return fitted if device_bound(profile, clusters, fitted) else None
+
+
+def device_bound(profile: ModelProfile, clusters: Mapping[str, Cluster], constants: Constants) -> bool:
+    """Whether every in-sample run is bound by its GPUs, not by its hosts' decoding."""
+    steps = (cost.step_time(profile, clusters[p.device], p.layout, constants)[0] for p in IN_SAMPLE)
+    return all(step.device_s >= step.host_feed_s for step in steps)
+
+
+def fit_evaluation(profile: ModelProfile, clusters: Mapping[str, Cluster], constants: Constants) -> Constants | None:
+    """eval_image_factor and eval_overhead_s by least squares on the five evaluations' relative errors; None where
+    either would be negative."""
+    rows, targets = [], []
+    for published in IN_SAMPLE:
+        images = published.schedule.eval_images / published.layout.gpus
+        forward = cost.image_s(profile, clusters[published.device], constants, forward_only=True)
+        rows.append([images * forward / published.evaluation_s, 1 / published.evaluation_s])
+        targets.append(1.0)
+    (factor, overhead), *_ = np.linalg.lstsq(np.array(rows), np.array(targets), rcond=None)
+    if factor <= 0 or overhead < 0:
+        return None
+    return dataclasses.replace(constants, eval_image_factor=float(factor), eval_overhead_s=float(overhead))
+
+
+def fit(profile: ModelProfile, clusters: Mapping[str, Cluster], assumed: Constants) -> Constants | None:
+    """`assumed` with the fitted constants; None where no physical fit exists."""
+    fitted = fit_step(profile, clusters, assumed)
+    return None if fitted is None else fit_evaluation(profile, clusters, fitted)
+
+
+def refitter(profile: ModelProfile, clusters: Mapping[str, Cluster]) -> Refit[Constants]:
+    """`fit` for any assumed constants, each set fitted once."""
+    return cache(partial(fit, profile, clusters))
+
+
+def fit_warmup(profile: ModelProfile, clusters: Mapping[str, Cluster], constants: Constants) -> float:
+    """The mean, over the in-sample systems, of the time to train their steps, evaluations and start leave, in
+    epochs: the warm-up of the first epochs and whatever else the timed run holds."""
+    cold = dataclasses.replace(constants, warmup_epochs=0.0)
+    residuals = []
+    for published in IN_SAMPLE:
+        projection = project_published(profile, clusters[published.device], published, cold)
+        left_s = 60 * (published.time_to_train_min - projection.time_to_train_min)
+        residuals.append(left_s / projection.epoch_s)
+    return sum(residuals) / len(residuals)
+
+
+def central_fit(profile: ModelProfile, clusters: Mapping[str, Cluster]) -> tuple[Constants, Refit[Constants]]:
+    """The constants fitted at the assumptions' central values (the warm-up's centre fitted last, to the time to
+    train), and the refit every range repeats (which keeps each corner's warm-up)."""
+    refit = refitter(profile, clusters)
+    fitted = refit(Constants())
+    assert fitted is not None, "the central constants must fit the in-sample results"
+    return dataclasses.replace(fitted, warmup_epochs=fit_warmup(profile, clusters, fitted)), refit
+
+
+def project_published(
+    profile: ModelProfile, cluster: Cluster, published: Published, constants: Constants
+) -> Projection:
+    return cost.project(profile, cluster, published.layout, constants, published.schedule)
+
+
+def error(projected: float, published: float) -> float:
+    """Relative error of a projection, in percent."""
+    return 100 * (projected / published - 1)
+
+
+def fitted_ranges(refit: Refit[Constants], central: Constants) -> dict[str, tuple[float, float]]:
+    """Each fitted constant's spread over the assumption corners the in-sample results allow, and the central fit."""
+    fits = [central, *(fitted for fitted in map(refit, corners(central, ASSUMPTIONS)) if fitted is not None)]
+    return {name: (min(getattr(f, name) for f in fits), max(getattr(f, name) for f in fits)) for name in FITTED}
+
+
+def print_constants(constants: Constants, refit: Refit[Constants]) -> None:
+    print("fitted on DGX A100 (1, 8 nodes; MLPerf Training v2.1) and DGX H100 (1, 8, 64 nodes; v3.0), ResNet-50, with")
+    print("the range the assumptions below allow, and the systems that constrain each:")
+    for name, (low, high) in fitted_ranges(refit, constants).items():
+        print(f"  {name} = {getattr(constants, name):.4g} ({low:.4g} to {high:.4g}): {FITTED[name]}")
+    print("measured in the in-sample logs or assumed, each with the range projections are repeated over:")
+    for name, assumption in ASSUMPTIONS.items():
+        print(f"  {describe(name, assumption, getattr(constants, name))}: {assumption.reason}")
+    print()
+
+
+def in_sample_interval(
+    profile: ModelProfile,
+    clusters: Mapping[str, Cluster],
+    published: Published,
+    central: Constants,
+    refit: Refit[Constants],
+) -> Interval[Projection]:
+    at = partial(project_published, profile, clusters[published.device], published)
+    return interval(at, refit, central, ASSUMPTIONS)
+
+
+def print_calibration(
+    profile: ModelProfile, clusters: Mapping[str, Cluster], central: Constants, refit: Refit[Constants]
+) -> None:
+    """The fit, and each in-sample system's projection with its range beside its published figures."""
+    print_constants(central, refit)
+    print(f"{'system':<27} {'N x G x b':>10} {'img/s':>10} {'range':>21} {'published':>10} {'error':>7}", end="")
+    print(f" {'TTT min':>8} {'range':>13} {'published':>10} {'error':>7}")
+    summary: dict[str, object] = {name: getattr(central, name) for name in FITTED}
+    for published in IN_SAMPLE:
+        spread = in_sample_interval(profile, clusters, published, central, refit)
+        projection, layout = spread.central, published.layout
+        throughput_error = error(projection.throughput_img_s, published.throughput_img_s)
+        ttt_error = error(projection.time_to_train_min, published.time_to_train_min)
+        print(
+            f"{published.system:<27} {f'{layout.nodes}x{layout.gpus_per_node}x{layout.batch}':>10}"
+            f" {projection.throughput_img_s:>10,.0f} {column(*spread.throughput_img_s, '{:,.0f}'.format):>21}"
+            f" {published.throughput_img_s:>10,.0f} {throughput_error:>+6.1f}%"
+            f" {projection.time_to_train_min:>8.3f} {column(*spread.time_to_train_min, '{:.3f}'.format):>13}"
+            f" {published.time_to_train_min:>10.3f} {ttt_error:>+6.1f}%"
+        )
+        summary[published.system] = figures(spread) | {
+            "throughput_error_pct": round(throughput_error, 2),
+            "time_to_train_error_pct": round(ttt_error, 2),
+        }
+    print("(throughput is MLPerf's as the logs give it: a steady block of 4 epochs and its evaluation)")
+    print(f"({FIXED})")
+    print(json.dumps(summary))
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.parse_args(argv)
+    profile, clusters = resnet50_profile(), in_sample_clusters()
+    central, refit = central_fit(profile, clusters)
+    print_calibration(profile, clusters, central, refit)
+
+
+if __name__ == "__main__":
+    main()

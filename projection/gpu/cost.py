@@ -1,0 +1,262 @@
+"""How long a step, an epoch and a whole MLPerf run take on a GPU cluster.
+
+Every GPU holds one data-parallel replica and takes `batch` images a step, as NVIDIA's MLPerf ResNet-50 runs do
+(mlcommons/training_results_v2.1 and v3.0, NVIDIA/benchmarks/resnet/implementations/mxnet*: one process per GPU,
+Horovod over NCCL). A step is, one after another:
+  compute     a fixed floor (kernel latencies and tails, paid whatever the batch) plus, per image, the model's
+              FLOPs at a fraction of the tensor-core peak and the memory traffic fused kernels still make at the
+              memory bandwidth: the efficiency curve over batch size (small batches sit closer to the floor);
+  all-reduce  the fp16 gradients in one message (HOROVOD_FUSION_THRESHOLD 64 MB > 51 MB, MXNET_HOROVOD_NUM_GROUPS=1,
+              "no NCCL and BWD overlap" in the configs), by NCCL: within a node over NVLink (or PCIe), across
+              nodes each GPU's shard over its own InfiniBand rail, by ring or tree, or reduced in the switches;
+  optimizer   LARS over every parameter (its fp32 master weights and momentum read and written);
+and the host's decoding, which overlaps them, binds only where it is slower. Around the steps a run trains its
+epochs in blocks that end in an evaluation on all GPUs, the first epochs slower while everything warms up.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from projection.gpu.config import Cluster
+from projection.profile import ModelProfile
+from projection.run import Schedule
+
+
+@dataclass(frozen=True)
+class Constants:
+    """The free constants. Five are fitted, and the warm-up's centre, by `python -m projection.gpu.calibrate` to
+    the in-sample systems' steady epochs, evaluations and times to train; the rest are measured in their logs or
+    assumed, each with its range and reason in ASSUMPTIONS (projection/gpu/calibrate.py)."""
+
+    compute_efficiency: float = 0.5  # fraction of the tensor-core peak the model's FLOPs reach; fitted
+    traffic_fraction: float = 0.5  # of the probe's unfused memory traffic, what fused kernels still move; fitted
+    step_floor_s: float = 3e-3  # per step whatever the batch: kernel latencies and tails; fitted
+    eval_image_factor: float = 2.0  # an evaluated image's time over a training forward pass's; fitted
+    eval_overhead_s: float = 0.005  # per evaluation beyond its images; fitted
+    nvlink_efficiency: float = 0.8  # NCCL's bus bandwidth over the NVLink (or PCIe) line rate
+    nvlink_latency_s: float = 3e-6  # per ring step within a node
+    fabric_efficiency: float = 0.8  # NCCL's bus bandwidth over the InfiniBand line rate
+    fabric_latency_s: float = 8e-6  # per ring or tree step between nodes, or per switch level reducing in-network
+    loader_img_s_per_core: float = 1000.0  # a host core's share of decoding (DALI with nvJPEG, hardware decoders)
+    start_s: float = 0.8  # run_start to the first step
+    warmup_epochs: float = 0.9  # the first epochs' warm-up beyond steady ones, in epochs; its centre fitted
+    first_eval_extra_s: float = 0.294  # the first evaluation over a later one
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How a run lays out on the cluster: `nodes` x `gpus_per_node` replicas of `batch` images each."""
+
+    nodes: int
+    gpus_per_node: int
+    batch: int
+
+    @property
+    def gpus(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+    @property
+    def global_batch(self) -> int:
+        return self.gpus * self.batch
+
+
+@dataclass(frozen=True)
+class MeasuredStep:
+    """A step measured on one GPU (make gpu-check's gpu.json): `img_s` at `batch` images, on `gpu`."""
+
+    gpu: str
+    batch: int
+    img_s: float
+    source: str
+
+
+@dataclass(frozen=True)
+class StepTime:
+    """One step, by component (seconds). The device terms add up; the host feed overlaps them."""
+
+    compute_s: float
+    allreduce_node_s: float  # within each node, over NVLink (or PCIe)
+    allreduce_fabric_s: float  # across nodes, over InfiniBand (0 on one node)
+    optimizer_s: float
+    host_feed_s: float  # each node's hosts decoding its GPUs' images, overlapped
+
+    @property
+    def device_s(self) -> float:
+        return self.compute_s + self.allreduce_node_s + self.allreduce_fabric_s + self.optimizer_s
+
+    @property
+    def total_s(self) -> float:
+        return max(self.device_s, self.host_feed_s)
+
+
+@dataclass(frozen=True)
+class Projection:
+    throughput_img_s: float  # as MLPerf's logs give it: a steady block of epochs and its evaluation
+    epoch_s: float  # a steady epoch
+    eval_s: float  # one steady evaluation
+    evaluations: int
+    time_to_train_min: float
+    step: StepTime
+    fabric_algorithm: str  # how the gradients cross nodes: "none", "ring", "tree" or "in-network"
+
+
+OPTIMIZER_BYTES_PER_PARAM = 24  # fp16 gradient read; fp32 weight read twice (norm, update) and written; fp32
+# momentum read and written; the fp16 weight copy written
+GRADIENT_BYTES = 2  # fp16 gradients, as NVIDIA's runs reduce them
+IN_NETWORK_FROM_NODES = 9  # NVIDIA's configs reduce in the switches (SBATCH_NETWORK=sharp) at 64 nodes and more,
+# never at 8 or fewer
+SWITCH_RADIX = 32  # nodes one leaf switch of a fat tree reaches (64-port Quantum: 32 down, 32 up)
+
+
+def image_work(profile: ModelProfile, forward_only: bool = False) -> tuple[float, float]:
+    """One image's FLOPs and the memory traffic the probe counts for it unfused (the forward's share of it for an
+    evaluation: a third, as for the FLOPs)."""
+    stage = profile.stages[0]
+    training_flops = stage.forward_flops + stage.backward_flops
+    flops = stage.forward_flops if forward_only else training_flops
+    traffic = stage.memory_bytes * flops / training_flops
+    return flops / profile.micro_batch, traffic / profile.micro_batch
+
+
+def image_s(profile: ModelProfile, cluster: Cluster, constants: Constants, forward_only: bool = False) -> float:
+    """One image through the model on one GPU, beyond the floor: its FLOPs at the reached fraction of the tensor
+    peak, then the traffic fused kernels leave at the memory bandwidth (convolutions are compute-bound, the
+    normalisations and activations between them memory-bound, and they run one after another)."""
+    flops, traffic = image_work(profile, forward_only)
+    gpu = cluster.gpu
+    return flops / (gpu.fp16_flops * constants.compute_efficiency) + traffic * constants.traffic_fraction / (
+        gpu.memory_bandwidth
+    )
+
+
+def compute_s(
+    profile: ModelProfile, cluster: Cluster, batch: int, constants: Constants, measured: MeasuredStep | None
+) -> float:
+    """The floor plus `batch` images. A measured step replaces the modelled per-image time by its own: what its
+    step took beyond the floor and the optimizer, over its images."""
+    if measured is None:
+        return constants.step_floor_s + batch * image_s(profile, cluster, constants)
+    beyond = measured.batch / measured.img_s - constants.step_floor_s - optimizer_s(profile, cluster)
+    return constants.step_floor_s + batch * beyond / measured.batch
+
+
+def ring_s(nbytes: float, ranks: int, bandwidth: float, latency_s: float) -> float:
+    """Ring all-reduce: a reduce-scatter and an all-gather, each rank sending 2 (n - 1) / n of the data in
+    2 (n - 1) steps."""
+    steps = 2 * (ranks - 1)
+    return steps / ranks * nbytes / bandwidth + steps * latency_s
+
+
+def node_bandwidth(cluster: Cluster, constants: Constants) -> float:
+    """What one GPU reaches to its node's others: NVLink through NVSwitch, or PCIe where there is none."""
+    line = cluster.gpu.nvlink_bandwidth or cluster.gpu.pcie_bandwidth
+    return line * constants.nvlink_efficiency
+
+
+def allreduce_node_s(profile: ModelProfile, cluster: Cluster, layout: Layout, constants: Constants) -> float:
+    """Within each node, one ring's worth: the whole all-reduce on one node; on several, the reduce-scatter before
+    the fabric phase and the all-gather after it."""
+    return ring_s(
+        profile.param_count * GRADIENT_BYTES,
+        layout.gpus_per_node,
+        node_bandwidth(cluster, constants),
+        constants.nvlink_latency_s,
+    )
+
+
+def fabric_algorithms(cluster: Cluster, layout: Layout, constants: Constants, shard: float) -> dict[str, float]:
+    """Each way NCCL could all-reduce a GPU's shard across the nodes over its rail, and its time: the ring, the
+    tree (log-depth latency, about the ring's bandwidth), and, where the switches can and the run is as large as
+    NVIDIA's that did, in-network reduction (each byte crosses the rail once each way; one latency per level)."""
+    nodes, bandwidth = layout.nodes, cluster.fabric_bandwidth * constants.fabric_efficiency
+    times = {
+        "ring": ring_s(shard, nodes, bandwidth, constants.fabric_latency_s),
+        "tree": 2 * shard / bandwidth + 2 * math.ceil(math.log2(nodes)) * constants.fabric_latency_s,
+    }
+    if cluster.in_network_reduction and nodes >= IN_NETWORK_FROM_NODES:
+        levels = math.ceil(math.log(nodes, SWITCH_RADIX))
+        times["in-network"] = shard / bandwidth + 2 * levels * constants.fabric_latency_s
+    return times
+
+
+def allreduce_fabric(
+    profile: ModelProfile, cluster: Cluster, layout: Layout, constants: Constants
+) -> tuple[str, float]:
+    """The fastest way across the nodes (NCCL's tuner picks by its own model of the same terms): ("none", 0) on one
+    node."""
+    if layout.nodes == 1:
+        return "none", 0.0
+    shard = profile.param_count * GRADIENT_BYTES / layout.gpus_per_node
+    times = fabric_algorithms(cluster, layout, constants, shard)
+    fastest = min(times, key=times.__getitem__)
+    return fastest, times[fastest]
+
+
+def optimizer_s(profile: ModelProfile, cluster: Cluster) -> float:
+    """LARS over every parameter at the memory bandwidth, as one fused multi-tensor kernel."""
+    return profile.param_count * OPTIMIZER_BYTES_PER_PARAM / cluster.gpu.memory_bandwidth
+
+
+def host_feed_s(cluster: Cluster, layout: Layout, constants: Constants) -> float:
+    """A node's host cores decoding its GPUs' images for one step."""
+    return layout.gpus_per_node * layout.batch / (cluster.host_cores * constants.loader_img_s_per_core)
+
+
+def step_time(
+    profile: ModelProfile,
+    cluster: Cluster,
+    layout: Layout,
+    constants: Constants,
+    measured: MeasuredStep | None = None,
+) -> tuple[StepTime, str]:
+    """One step on every GPU at once, and how its gradients crossed the nodes."""
+    algorithm, fabric = allreduce_fabric(profile, cluster, layout, constants)
+    step = StepTime(
+        compute_s=compute_s(profile, cluster, layout.batch, constants, measured),
+        allreduce_node_s=allreduce_node_s(profile, cluster, layout, constants),
+        allreduce_fabric_s=fabric,
+        optimizer_s=optimizer_s(profile, cluster),
+        host_feed_s=host_feed_s(cluster, layout, constants),
+    )
+    return step, algorithm
+
+
+def evaluation_s(
+    profile: ModelProfile, cluster: Cluster, layout: Layout, constants: Constants, schedule: Schedule
+) -> float:
+    """One evaluation: the validation images spread over every GPU, each at `eval_image_factor` times a training
+    forward pass (the evaluation runs outside the training step's CUDA graph, on its own pipeline), and a fixed cost
+    (the switch to evaluation, the accuracy reduced over all GPUs)."""
+    images_per_gpu = math.ceil(schedule.eval_images / layout.gpus)
+    forward = image_s(profile, cluster, constants, forward_only=True)
+    return constants.eval_overhead_s + images_per_gpu * constants.eval_image_factor * forward
+
+
+def project(
+    profile: ModelProfile,
+    cluster: Cluster,
+    layout: Layout,
+    constants: Constants,
+    schedule: Schedule,
+    measured: MeasuredStep | None = None,
+) -> Projection:
+    """Throughput as MLPerf's logs give it (a steady block: `eval_every` epochs and their evaluation), and the time
+    to train: the start, every epoch (the first ones slower by `warmup_epochs`), every evaluation."""
+    step, algorithm = step_time(profile, cluster, layout, constants, measured)
+    epoch = schedule.train_images / layout.global_batch * step.total_s
+    evaluation = evaluation_s(profile, cluster, layout, constants, schedule)
+    block = schedule.eval_every * epoch + evaluation
+    evaluations = len(schedule.eval_epochs())
+    training = (schedule.epochs + constants.warmup_epochs) * epoch
+    seconds = constants.start_s + training + evaluations * evaluation + constants.first_eval_extra_s
+    return Projection(
+        throughput_img_s=schedule.eval_every * schedule.train_images / block,
+        epoch_s=epoch,
+        eval_s=evaluation,
+        evaluations=evaluations,
+        time_to_train_min=seconds / 60,
+        step=step,
+        fabric_algorithm=algorithm,
+    )

@@ -1,0 +1,120 @@
+"""run.mode=project's answer for a GPU cluster: the projected time to train and throughput with the ranges the
+assumed constants allow (each corner refitted to the in-sample results, as the central value is), the step time by
+component, how far the run reaches beyond the calibrated systems, and one JSON line with the IPU report's keys."""
+
+from __future__ import annotations
+
+import json
+
+from projection import uncertainty
+from projection.gpu import calibrate
+from projection.gpu.config import Cluster
+from projection.gpu.cost import Constants, Layout, MeasuredStep, Projection, project
+from projection.run import Epochs, Schedule
+from projection.uncertainty import Interval
+
+CALIBRATED_BATCHES = (40, 408)  # the in-sample per-GPU batches, smallest and largest
+
+
+def projection_report(
+    cluster: Cluster, layout: Layout, schedule: Schedule, epochs: Epochs, measured: MeasuredStep | None
+) -> str:
+    """The whole report for `layout` on `cluster`; its last line is the JSON."""
+    profile, clusters = calibrate.resnet50_profile(), calibrate.in_sample_clusters()
+    central, refit = calibrate.central_fit(profile, clusters)
+
+    def at(constants: Constants) -> Projection:
+        return project(profile, cluster, layout, constants, schedule, measured)
+
+    spread = uncertainty.interval(at, refit, central, calibrate.ASSUMPTIONS)
+    beyond = beyond_calibration(cluster, layout, spread.central, measured)
+    return "\n".join(
+        [
+            uncertainty.headline(spread, epochs.count) + "\n",
+            system_line(cluster, layout),
+            f"epochs: {epochs.source}",
+            f"compute: {compute_source(measured)}\n",
+            breakdown(spread.central, layout, epochs.count),
+            uncertainty.report(spread, central, calibrate.ASSUMPTIONS),
+            "within the calibrated regime" if not beyond else "beyond the calibrated regime: " + "; ".join(beyond),
+            json.dumps(figures(spread, layout) | {"beyond_calibration": beyond}),
+        ]
+    )
+
+
+def system_line(cluster: Cluster, layout: Layout) -> str:
+    link = "NVLink" if cluster.gpu.nvlink_bandwidth else "PCIe (no NVLink)"
+    return (
+        f"{cluster.name}: {plural(layout.nodes, 'node')} x {layout.gpus_per_node} {cluster.gpu.name} GPUs"
+        f" = {layout.gpus} GPUs,"
+        f" {link} within a node, {cluster.fabric_bandwidth * 8 / 1e9:g} Gb/s of fabric per GPU;"
+        f" {layout.batch} images per GPU of the global batch {layout.global_batch:,}"
+    )
+
+
+def compute_source(measured: MeasuredStep | None) -> str:
+    if measured is None:
+        return "modelled from the GPU's datasheet at the efficiencies fitted to NVIDIA's MLPerf runs"
+    return (
+        f"rn50perf's own step measured on one {measured.gpu} ({measured.img_s:,.0f} img/s at {measured.batch} images;"
+        f" {measured.source}), the fitted floor kept for other batches"
+    )
+
+
+def breakdown(projection: Projection, layout: Layout, epochs: int) -> str:
+    """The step time by component, then the epoch, the evaluations and the time to train."""
+    step = projection.step
+    across = f"all-reduce across nodes ({projection.fabric_algorithm})"
+    terms = {
+        f"compute ({layout.batch} images per GPU)": step.compute_s,
+        "all-reduce within each node": step.allreduce_node_s,
+        across: step.allreduce_fabric_s,
+        "optimizer (LARS)": step.optimizer_s,
+    }
+    lines = [f"step time, ms (global batch {layout.global_batch:,})"]
+    lines += [f"  {name:<40}{1e3 * seconds:>10.3f}" for name, seconds in terms.items()]
+    lines.append(f"  {'device, total':<40}{1e3 * step.device_s:>10.3f}")
+    lines.append(f"  {'host feed (decoding, overlapped)':<40}{1e3 * step.host_feed_s:>10.3f}")
+    bound = "GPU-bound" if step.device_s >= step.host_feed_s else "bound by the hosts' decoding"
+    lines += [
+        f"throughput {projection.throughput_img_s:,.0f} img/s ({bound}; MLPerf's: a steady block of epochs and its"
+        " evaluation)",
+        f"epoch {projection.epoch_s:.2f} s; evaluation {projection.eval_s:.3f} s, {projection.evaluations} of them",
+        f"time to train ({epochs} epochs) {projection.time_to_train_min:.3f} min",
+    ]
+    return "\n".join(lines)
+
+
+def beyond_calibration(
+    cluster: Cluster, layout: Layout, projection: Projection, measured: MeasuredStep | None
+) -> list[str]:
+    """Where the run reaches beyond the in-sample systems (DGX A100 and H100, 1 to 64 nodes of 8 GPUs, 40 to 408
+    images per GPU); nothing is widened for it beyond the ranges."""
+    published = calibrate.IN_SAMPLE
+    gpus = sorted({calibrate.load_cluster(p.device).gpu.name for p in published})
+    most_nodes = max(p.layout.nodes for p in published)
+    beyond = []
+    if cluster.gpu.name not in gpus and measured is None:
+        beyond.append(
+            f"GPU {cluster.gpu.name} (calibrated: {', '.join(gpus)}): its step is its datasheet's peak and bandwidth"
+            " at the fitted efficiencies"
+        )
+    if layout.nodes > most_nodes:
+        beyond.append(f"{layout.nodes} nodes (calibrated: up to {most_nodes}): the fabric's terms as modelled")
+    low, high = CALIBRATED_BATCHES
+    if not low <= layout.batch <= high:
+        beyond.append(f"{layout.batch} images per GPU (calibrated: {low} to {high})")
+    if not cluster.gpu.nvlink_bandwidth or layout.gpus_per_node != 8:
+        beyond.append(f"{layout.gpus_per_node} GPUs a node over {'NVLink' if cluster.gpu.nvlink_bandwidth else 'PCIe'}")
+    if projection.step.host_feed_s > projection.step.device_s:
+        beyond.append("the hosts' decoding binds (the in-sample runs were GPU-bound)")
+    return beyond
+
+
+def figures(spread: Interval[Projection], layout: Layout) -> dict[str, object]:
+    """The IPU report's keys, and the per-GPU rate."""
+    return uncertainty.figures(spread) | {"img_s_per_gpu": round(spread.central.throughput_img_s / layout.gpus, 1)}
+
+
+def plural(count: int, noun: str) -> str:
+    return f"{count} {noun}" if count == 1 else f"{count} {noun}s"

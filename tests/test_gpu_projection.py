@@ -1,0 +1,173 @@
+"""run.mode=project on a GPU cluster: the calibration on NVIDIA's in-sample results, the mechanisms the model claims,
+the epochs from MLPerf's reference convergence points, and the projection of a step measured on one GPU."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+
+import pytest
+
+from configs.checks import ConfigError
+from projection.gpu import calibrate, cost
+from projection.gpu.calibrate import IN_SAMPLE
+from projection.gpu.cost import Layout
+from projection.gpu.measured import read_measured
+from projection.mode import gpu_projection
+from projection.run import Schedule, first_evaluation_from, reference_epochs
+from tests.conftest import composed, run_train
+
+DEVICES = ("dgx_a100", "dgx_h100", "dgx_h200", "pcie_l40s")
+
+
+@pytest.fixture(scope="module")
+def fitted():
+    profile, clusters = calibrate.resnet50_profile(), calibrate.in_sample_clusters()
+    central, refit = calibrate.central_fit(profile, clusters)
+    return profile, clusters, central, refit
+
+
+def step(fitted, device: str, layout: Layout) -> cost.StepTime:
+    profile, _, central, _ = fitted
+    return cost.step_time(profile, calibrate.load_cluster(device), layout, central)[0]
+
+
+def test_every_in_sample_system_is_projected_within_3_percent_inside_its_range(fitted):
+    profile, clusters, central, refit = fitted
+    for published in IN_SAMPLE:
+        spread = calibrate.in_sample_interval(profile, clusters, published, central, refit)
+        projection = spread.central
+        assert projection.throughput_img_s == pytest.approx(published.throughput_img_s, rel=0.03), published.system
+        assert projection.time_to_train_min == pytest.approx(published.time_to_train_min, rel=0.03), published.system
+        low, high = spread.time_to_train_min
+        assert low <= published.time_to_train_min <= high, published.system
+
+
+def test_the_fitted_constants_are_physical_and_every_run_gpu_bound(fitted):
+    profile, clusters, central, refit = fitted
+    assert 0 < central.compute_efficiency <= 1 and 0 < central.traffic_fraction <= 1
+    assert 0 < central.step_floor_s < 0.01 and central.eval_image_factor > 0 and central.eval_overhead_s >= 0
+    assert calibrate.device_bound(profile, clusters, central)
+    ranges = calibrate.fitted_ranges(refit, central)
+    for name, (low, high) in ranges.items():
+        assert low <= getattr(central, name) <= high, name
+
+
+def test_a_smaller_batch_per_gpu_lowers_each_gpus_rate(fitted):
+    rates = [batch / step(fitted, "dgx_h100", Layout(1, 8, batch)).total_s for batch in (400, 200, 100, 50)]
+    assert rates == sorted(rates, reverse=True) and rates[-1] < 0.8 * rates[0]
+
+
+def test_more_nodes_add_only_the_time_across_nodes(fitted):
+    steps = [step(fitted, "dgx_a100", Layout(nodes, 8, 51)) for nodes in (1, 2, 4, 8)]
+    for fewer, more in itertools.pairwise(steps):
+        assert more.allreduce_fabric_s > fewer.allreduce_fabric_s
+        assert (more.compute_s, more.allreduce_node_s, more.optimizer_s) == (
+            fewer.compute_s,
+            fewer.allreduce_node_s,
+            fewer.optimizer_s,
+        )
+    assert steps[0].allreduce_fabric_s == 0
+
+
+def test_switches_that_reduce_take_over_at_the_scale_nvidia_used_them(fitted):
+    profile, _, central, _ = fitted
+    cluster = calibrate.load_cluster("dgx_h100")
+    algorithm = {nodes: cost.allreduce_fabric(profile, cluster, Layout(nodes, 8, 40), central)[0] for nodes in (8, 64)}
+    assert algorithm[64] == "in-network" and algorithm[8] != "in-network"
+    no_sharp = dataclasses.replace(cluster, in_network_reduction=False)
+    assert cost.allreduce_fabric(profile, no_sharp, Layout(64, 8, 40), central)[0] != "in-network"
+
+
+def test_an_evaluation_takes_less_time_on_more_gpus(fitted):
+    profile, _, central, _ = fitted
+    cluster = calibrate.load_cluster("dgx_h100")
+    times = [cost.evaluation_s(profile, cluster, Layout(n, 8, 40), central, Schedule(35)) for n in (1, 8, 64)]
+    assert times == sorted(times, reverse=True) and times[-1] < times[0] / 10
+
+
+def test_the_epochs_are_mlperfs_reference_convergence_point_at_the_next_evaluation():
+    assert reference_epochs(3264, 3, 4).count == 35  # RCP mean 35.15: NVIDIA's DGX runs stopped at epoch 35
+    larger = reference_epochs(20480, 2, 4)  # RCP mean 47.3, interpolated; evaluations at 2, 6, ..., 46, 50
+    assert larger.count == 50 and "interpolated between 3,264 and 32,768" in larger.source
+    assert first_evaluation_from(36, 3, 4) == 39 and first_evaluation_from(2, 3, 4) == 3
+    with pytest.raises(ConfigError, match="above MLPerf's largest reference convergence point"):
+        reference_epochs(100_000, 4, 4)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_every_gpu_cluster_projects_with_the_ipu_reports_keys(device):
+    cfg = composed("run.mode=project", "experiment=imagenet", f"device={device}", "device.nodes=2")
+    text = gpu_projection(cfg, command_line=[])
+    figures = json.loads(text.splitlines()[-1])
+    keys = {"throughput_img_s", "throughput_img_s_range", "time_to_train_min", "time_to_train_min_range"}
+    assert keys | {"epoch_s", "most_sensitive", "beyond_calibration"} <= figures.keys()
+    low, high = figures["time_to_train_min_range"]
+    assert low <= figures["time_to_train_min"] <= high
+    assert "MLPerf's reference convergence point for global batch 3,264" in text
+    for term in ("all-reduce within each node", "all-reduce across nodes", "optimizer (LARS)", "host feed"):
+        assert term in text
+
+
+def test_the_command_line_projects_a_cluster_and_keeps_it(tmp_path, cache_dir):
+    result = run_train(
+        "run.mode=project",
+        "experiment=imagenet",
+        "device=dgx_h100",
+        "device.nodes=8",
+        "data.global_batch=3200",
+        "run.max_epochs=35",
+        f"hydra.run.dir={tmp_path}",
+        cache=cache_dir,
+    )
+    assert result.returncode == 0, result.stderr
+    figures = json.loads(result.stdout.strip().splitlines()[-1])
+    assert json.loads((tmp_path / "projection.json").read_text()) == figures
+    assert "epochs: 35 epochs (run.max_epochs)" in result.stdout
+    assert figures["time_to_train_min"] == pytest.approx(2.664, rel=0.03)  # the in-sample dgxh100_n8
+    assert figures["beyond_calibration"] == []
+
+
+def gpu_json(path, img_s: float, batch: int = 256) -> str:
+    figures = {"stages": {"env": {"gpu": "NVIDIA H100 80GB HBM3"}, "step": {"batch": batch, "rows": {}}}}
+    figures["stages"]["step"]["rows"] = {"bare": {"img_s": 9e9}, "base": {"img_s": img_s / 2}, "best": {"img_s": img_s}}
+    path.write_text(json.dumps(figures))
+    return str(path)
+
+
+def test_a_step_measured_on_one_gpu_sets_the_compute_of_every_gpu(fitted, tmp_path):
+    profile, _, central, _ = fitted
+    measured = read_measured(gpu_json(tmp_path / "gpu.json", img_s=4000.0))
+    assert measured.img_s == 4000.0 and measured.batch == 256  # the best row, not the peer's
+    cluster = calibrate.load_cluster("dgx_h100")
+    at_its_batch, _ = cost.step_time(profile, cluster, Layout(1, 1, 256), central, measured)
+    assert at_its_batch.compute_s + at_its_batch.optimizer_s == pytest.approx(256 / 4000.0)
+    slower = read_measured(gpu_json(tmp_path / "slower.json", img_s=2000.0))
+    on_nodes = [cost.step_time(profile, cluster, Layout(8, 8, 100), central, m)[0] for m in (measured, slower)]
+    assert on_nodes[1].compute_s > on_nodes[0].compute_s
+    assert on_nodes[1].allreduce_fabric_s == on_nodes[0].allreduce_fabric_s
+
+
+def test_a_file_that_holds_no_measured_step_is_refused(tmp_path):
+    broken = tmp_path / "gpu.json"
+    broken.write_text('{"stages": {}}')
+    with pytest.raises(ConfigError, match=r"device\.measured"):
+        read_measured(str(broken))
+
+
+@pytest.mark.parametrize(
+    ("overrides", "key"),
+    [
+        (("experiment=smoke", "device=dgx_h100", "data.global_batch=64"), "device"),  # nothing executes on it
+        (
+            ("run.mode=project", "experiment=imagenet", "device=pcie_l40s", "device.gpus_per_node=8"),
+            "device.gpus_per_node",
+        ),
+        (("run.mode=project", "experiment=imagenet", "device=dgx_a100", "device.nodes=5"), "data.global_batch"),
+    ],
+)
+def test_a_cluster_the_run_cannot_use_is_refused_naming_the_key(overrides, key):
+    with pytest.raises(ConfigError) as refused:
+        composed(*overrides)
+    assert refused.value.key == key
