@@ -86,6 +86,9 @@ FITTED = {  # each fitted constant and the systems that constrain it
 # Where the in-sample logs time a cost, its range is their spread (medians over each system's five runs); elsewhere
 # no published figure pins it, and the range is what the hardware's structure allows. docs/projection.md says more.
 ASSUMPTIONS: dict[str, Assumption] = {
+    "floor_clock_exponent": Assumption(
+        0.0, 1.0, "", "the floor in seconds whatever the clock (launches, syncs) to all in GPU cycles (boost clocks)"
+    ),
     "nvlink_efficiency": Assumption(
         0.6, 0.95, "%", "NCCL's bus bandwidth within a node: a ring's protocol overheads to near line rate"
     ),
@@ -150,7 +153,8 @@ def fit_step(profile: ModelProfile, clusters: Mapping[str, Cluster], assumed: Co
         rest = step.device_s - step.compute_s
         target = target_s(published)
         gpu = cluster.gpu
-        row = [layout.batch * flops / gpu.fp16_flops, layout.batch * traffic / gpu.memory_bandwidth, 1.0]
+        floor = cost.floor_s(cluster, dataclasses.replace(assumed, step_floor_s=1.0))
+        row = [layout.batch * flops / gpu.fp16_flops, layout.batch * traffic / gpu.memory_bandwidth, floor]
         rows.append([value / target for value in row])
         targets.append((target - rest) / target)
     (inverse_efficiency, fraction, floor), *_ = np.linalg.lstsq(np.array(rows), np.array(targets), rcond=None)

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 @dataclass
 class Gpu:
     name: str
+    clock_hz: float  # boost clock
     fp16_flops: float  # dense fp16/bf16 tensor-core peak with fp32 accumulation (no sparsity)
     memory_bandwidth: float  # HBM or GDDR
     memory_bytes: float

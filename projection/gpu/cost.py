@@ -32,7 +32,10 @@ class Constants:
 
     compute_efficiency: float = 0.5  # fraction of the tensor-core peak the model's FLOPs reach; fitted
     traffic_fraction: float = 0.5  # of the probe's unfused memory traffic, what fused kernels still move; fitted
-    step_floor_s: float = 3e-3  # per step whatever the batch: kernel latencies and tails; fitted
+    step_floor_s: float = 3e-3  # per step whatever the batch, on a GPU clocked as the H100: kernel latencies and
+    # tails; fitted
+    floor_clock_exponent: float = 0.5  # the floor scales as (H100's clock / the GPU's) ** this: 0 if host-bound
+    # (launches, syncs), 1 if every latency is GPU cycles
     eval_image_factor: float = 2.0  # an evaluated image's time over a training forward pass's; fitted
     eval_overhead_s: float = 0.005  # per evaluation beyond its images; fitted
     nvlink_efficiency: float = 0.8  # NCCL's bus bandwidth over the NVLink (or PCIe) line rate
@@ -131,15 +134,24 @@ def image_s(profile: ModelProfile, cluster: Cluster, constants: Constants, forwa
     )
 
 
+REFERENCE_CLOCK_HZ = 1.98e9  # the H100 SXM's boost clock, at which step_floor_s is given
+
+
+def floor_s(cluster: Cluster, constants: Constants) -> float:
+    """The step's floor on this GPU: kernel latencies and tails, partly in GPU cycles."""
+    return constants.step_floor_s * (REFERENCE_CLOCK_HZ / cluster.gpu.clock_hz) ** constants.floor_clock_exponent
+
+
 def compute_s(
     profile: ModelProfile, cluster: Cluster, batch: int, constants: Constants, measured: MeasuredStep | None
 ) -> float:
     """The floor plus `batch` images. A measured step replaces the modelled per-image time by its own: what its
     step took beyond the floor and the optimizer, over its images."""
+    floor = floor_s(cluster, constants)
     if measured is None:
-        return constants.step_floor_s + batch * image_s(profile, cluster, constants)
-    beyond = measured.batch / measured.img_s - constants.step_floor_s - optimizer_s(profile, cluster)
-    return constants.step_floor_s + batch * beyond / measured.batch
+        return floor + batch * image_s(profile, cluster, constants)
+    beyond = measured.batch / measured.img_s - floor - optimizer_s(profile, cluster)
+    return floor + batch * beyond / measured.batch
 
 
 def ring_s(nbytes: float, ranks: int, bandwidth: float, latency_s: float) -> float:
