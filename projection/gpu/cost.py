@@ -139,7 +139,8 @@ REFERENCE_CLOCK_HZ = 1.98e9  # the H100 SXM's boost clock, at which step_floor_s
 
 def floor_s(cluster: Cluster, constants: Constants) -> float:
     """The step's floor on this GPU: kernel latencies and tails, partly in GPU cycles."""
-    return constants.step_floor_s * (REFERENCE_CLOCK_HZ / cluster.gpu.clock_hz) ** constants.floor_clock_exponent
+    slower: float = (REFERENCE_CLOCK_HZ / cluster.gpu.clock_hz) ** constants.floor_clock_exponent
+    return constants.step_floor_s * slower
 
 
 def compute_s(
