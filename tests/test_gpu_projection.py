@@ -10,6 +10,7 @@ import json
 import pytest
 
 from configs.checks import ConfigError
+from projection.calibration import fitted_ranges
 from projection.gpu import calibrate, cost
 from projection.gpu.calibrate import IN_SAMPLE
 from projection.gpu.cost import Layout
@@ -49,7 +50,7 @@ def test_the_fitted_constants_are_physical_and_every_run_gpu_bound(fitted):
     assert 0 < central.compute_efficiency <= 1 and 0 < central.traffic_fraction <= 1
     assert 0 < central.step_floor_s < 0.01 and central.eval_image_factor > 0 and central.eval_overhead_s >= 0
     assert calibrate.device_bound(profile, clusters, central)
-    ranges = calibrate.fitted_ranges(refit, central)
+    ranges = fitted_ranges(refit, central, calibrate.ASSUMPTIONS, calibrate.FITTED)
     for name, (low, high) in ranges.items():
         assert low <= getattr(central, name) <= high, name
 

@@ -21,7 +21,6 @@ training_results v2.1 to v4.0 is held out: no constant or range is taken from on
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import json
 from collections.abc import Mapping
@@ -29,19 +28,16 @@ from dataclasses import dataclass
 from functools import cache, partial
 
 import numpy as np
-from hydra import compose, initialize_config_module
-from hydra.core.global_hydra import GlobalHydra
-from omegaconf import OmegaConf
 
-from configs.schema import register
 from models import batchnorm, build_resnet50
+from projection.calibration import constants_table, device_section, error
 from projection.gpu import cost
 from projection.gpu.config import Cluster
 from projection.gpu.cost import Constants, Layout, Projection
 from projection.probe import profile_model
 from projection.profile import ModelProfile
 from projection.run import Schedule
-from projection.uncertainty import FIXED, Assumption, Interval, Refit, column, corners, describe, figures, interval
+from projection.uncertainty import FIXED, Assumption, Interval, Refit, column, figures, interval
 
 
 @dataclass(frozen=True)
@@ -122,13 +118,9 @@ def resnet50_profile() -> ModelProfile:
 
 
 def load_cluster(name: str) -> Cluster:
-    """configs/device/<name>.yaml with its GPU, composed by Hydra as a run would."""
-    register()
-    inside_a_run = GlobalHydra.instance().is_initialized()
-    with contextlib.nullcontext() if inside_a_run else initialize_config_module("configs", version_base="1.3"):
-        cfg = compose("config", overrides=[f"device={name}"])
-    cluster = OmegaConf.to_object(cfg.device.cluster)
-    assert isinstance(cluster, Cluster)
+    """configs/device/<name>.yaml's cluster with its GPU."""
+    cluster = device_section(name).cluster
+    assert cluster is not None, f"device={name} is not a GPU cluster"
     return cluster
 
 
@@ -225,26 +217,9 @@ def project_published(
     return cost.project(profile, cluster, published.layout, constants, published.schedule)
 
 
-def error(projected: float, published: float) -> float:
-    """Relative error of a projection, in percent."""
-    return 100 * (projected / published - 1)
-
-
-def fitted_ranges(refit: Refit[Constants], central: Constants) -> dict[str, tuple[float, float]]:
-    """Each fitted constant's spread over the assumption corners the in-sample results allow, and the central fit."""
-    fits = [central, *(fitted for fitted in map(refit, corners(central, ASSUMPTIONS)) if fitted is not None)]
-    return {name: (min(getattr(f, name) for f in fits), max(getattr(f, name) for f in fits)) for name in FITTED}
-
-
-def print_constants(constants: Constants, refit: Refit[Constants]) -> None:
-    print("fitted on DGX A100 (1, 8 nodes; MLPerf Training v2.1) and DGX H100 (1, 8, 64 nodes; v3.0), ResNet-50, with")
-    print("the range the assumptions below allow, and the systems that constrain each:")
-    for name, (low, high) in fitted_ranges(refit, constants).items():
-        print(f"  {name} = {getattr(constants, name):.4g} ({low:.4g} to {high:.4g}): {FITTED[name]}")
-    print("measured in the in-sample logs or assumed, each with the range projections are repeated over:")
-    for name, assumption in ASSUMPTIONS.items():
-        print(f"  {describe(name, assumption, getattr(constants, name))}: {assumption.reason}")
-    print()
+def print_constants(central: Constants, refit: Refit[Constants]) -> None:
+    fitted_on = "DGX A100 (1, 8 nodes; MLPerf Training v2.1) and DGX H100 (1, 8, 64 nodes; v3.0), ResNet-50"
+    print(constants_table(central, refit, ASSUMPTIONS, FITTED, fitted_on))
 
 
 def in_sample_interval(
