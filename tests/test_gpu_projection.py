@@ -24,9 +24,8 @@ DEVICES = ("dgx_a100", "dgx_h100", "dgx_h200", "pcie_l40s")
 
 @pytest.fixture(scope="module")
 def fitted():
-    profile, clusters = calibrate.resnet50_profile(), calibrate.in_sample_clusters()
-    central, refit = calibrate.central_fit(profile, clusters)
-    return profile, clusters, central, refit
+    fit = calibrate.calibrated()
+    return fit.profile, fit.clusters, fit.central, fit.refit
 
 
 def step(fitted, device: str, layout: Layout) -> cost.StepTime:

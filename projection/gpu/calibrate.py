@@ -211,6 +211,22 @@ def central_fit(profile: ModelProfile, clusters: Mapping[str, Cluster]) -> tuple
     return dataclasses.replace(fitted, warmup_epochs=fit_warmup(profile, clusters, fitted)), refit
 
 
+@dataclass(frozen=True)
+class Calibration:
+    profile: ModelProfile
+    clusters: Mapping[str, Cluster]  # the in-sample systems' clusters by device name
+    central: Constants
+    refit: Refit[Constants]
+
+
+@cache
+def calibrated() -> Calibration:
+    """The fit on the in-sample systems, once per process: every projection's ranges refit the same corners."""
+    profile, clusters = resnet50_profile(), in_sample_clusters()
+    central, refit = central_fit(profile, clusters)
+    return Calibration(profile, clusters, central, refit)
+
+
 def project_published(
     profile: ModelProfile, cluster: Cluster, published: Published, constants: Constants
 ) -> Projection:
@@ -270,9 +286,8 @@ def print_calibration(
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.parse_args(argv)
-    profile, clusters = resnet50_profile(), in_sample_clusters()
-    central, refit = central_fit(profile, clusters)
-    print_calibration(profile, clusters, central, refit)
+    fit = calibrated()
+    print_calibration(fit.profile, fit.clusters, fit.central, fit.refit)
 
 
 if __name__ == "__main__":

@@ -20,13 +20,12 @@ def projection_report(
     cluster: Cluster, layout: Layout, schedule: Schedule, epochs: Epochs, measured: MeasuredStep | None
 ) -> str:
     """The whole report for `layout` on `cluster`; its last line is the JSON."""
-    profile, clusters = calibrate.resnet50_profile(), calibrate.in_sample_clusters()
-    central, refit = calibrate.central_fit(profile, clusters)
+    fit = calibrate.calibrated()
 
     def at(constants: Constants) -> Projection:
-        return project(profile, cluster, layout, constants, schedule, measured)
+        return project(fit.profile, cluster, layout, constants, schedule, measured)
 
-    spread = uncertainty.interval(at, refit, central, calibrate.ASSUMPTIONS)
+    spread = uncertainty.interval(at, fit.refit, fit.central, calibrate.ASSUMPTIONS)
     beyond = beyond_calibration(cluster, layout, spread.central, measured)
     return "\n".join(
         [
@@ -35,7 +34,7 @@ def projection_report(
             f"epochs: {epochs.source}",
             f"compute: {compute_source(measured)}\n",
             breakdown(spread.central, layout, epochs.count),
-            uncertainty.report(spread, central, calibrate.ASSUMPTIONS),
+            uncertainty.report(spread, fit.central, calibrate.ASSUMPTIONS),
             "within the calibrated regime" if not beyond else "beyond the calibrated regime: " + "; ".join(beyond),
             json.dumps(figures(spread, layout) | {"beyond_calibration": beyond}),
         ]
@@ -91,7 +90,7 @@ def beyond_calibration(
     """Where the run reaches beyond the in-sample systems (DGX A100 and H100, 1 to 64 nodes of 8 GPUs, 40 to 408
     images per GPU); nothing is widened for it beyond the ranges."""
     published = calibrate.IN_SAMPLE
-    gpus = sorted({calibrate.load_cluster(p.device).gpu.name for p in published})
+    gpus = sorted({cluster.gpu.name for cluster in calibrate.calibrated().clusters.values()})
     most_nodes = max(p.layout.nodes for p in published)
     beyond = []
     if cluster.gpu.name not in gpus and measured is None:
