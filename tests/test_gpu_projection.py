@@ -54,6 +54,12 @@ def test_the_fitted_constants_are_physical_and_every_run_gpu_bound(fitted):
         assert low <= getattr(central, name) <= high, name
 
 
+def test_default_constants_are_the_calibrated_ones(fitted):
+    _, _, central, _ = fitted
+    for name in [*calibrate.FITTED, "warmup_epochs"]:
+        assert getattr(cost.Constants(), name) == pytest.approx(getattr(central, name), rel=1e-3), name
+
+
 def test_a_smaller_batch_per_gpu_lowers_each_gpus_rate(fitted):
     rates = [batch / step(fitted, "dgx_h100", Layout(1, 8, batch)).total_s for batch in (400, 200, 100, 50)]
     assert rates == sorted(rates, reverse=True) and rates[-1] < 0.8 * rates[0]

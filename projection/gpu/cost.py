@@ -30,21 +30,21 @@ class Constants:
     the in-sample systems' steady epochs, evaluations and times to train; the rest are measured in their logs or
     assumed, each with its range and reason in ASSUMPTIONS (projection/gpu/calibrate.py)."""
 
-    compute_efficiency: float = 0.5  # fraction of the tensor-core peak the model's FLOPs reach; fitted
-    traffic_fraction: float = 0.5  # of the probe's unfused memory traffic, what fused kernels still move; fitted
-    step_floor_s: float = 3e-3  # per step whatever the batch, on a GPU clocked as the H100: kernel latencies and
+    compute_efficiency: float = 0.6035  # fraction of the tensor-core peak the model's FLOPs reach; fitted
+    traffic_fraction: float = 0.5797  # of the probe's unfused memory traffic, what fused kernels still move; fitted
+    step_floor_s: float = 3.167e-3  # per step whatever the batch, on a GPU clocked as the H100: kernel latencies and
     # tails; fitted
     floor_clock_exponent: float = 0.5  # the floor scales as (H100's clock / the GPU's) ** this: 0 if host-bound
     # (launches, syncs), 1 if every latency is GPU cycles
-    eval_image_factor: float = 2.0  # an evaluated image's time over a training forward pass's; fitted
-    eval_overhead_s: float = 0.005  # per evaluation beyond its images; fitted
+    eval_image_factor: float = 1.646  # an evaluated image's time over a training forward pass's; fitted
+    eval_overhead_s: float = 5.84e-3  # per evaluation beyond its images; fitted
     nvlink_efficiency: float = 0.8  # NCCL's bus bandwidth over the NVLink (or PCIe) line rate
     nvlink_latency_s: float = 3e-6  # per ring step within a node
     fabric_efficiency: float = 0.8  # NCCL's bus bandwidth over the InfiniBand line rate
     fabric_latency_s: float = 8e-6  # per ring or tree step between nodes, or per switch level reducing in-network
     loader_img_s_per_core: float = 1000.0  # a host core's share of decoding (DALI with nvJPEG, hardware decoders)
     start_s: float = 0.8  # run_start to the first step
-    warmup_epochs: float = 0.9  # the first epochs' warm-up beyond steady ones, in epochs; its centre fitted
+    warmup_epochs: float = 0.9047  # the first epochs' warm-up beyond steady ones, in epochs; its centre fitted
     first_eval_extra_s: float = 0.294  # the first evaluation over a later one
 
 
