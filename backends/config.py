@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from backends.ipu_sim.config import OPTIMIZER_STATES, System
+from backends.ipu_sim.config import MLPERF_ROUNDS, OPTIMIZER_STATES, System
 from configs.checks import ConfigError, one_of, positive, require
 from configs.shape import BatchShape
 from projection.gpu.config import Cluster
@@ -124,6 +124,7 @@ def validate_ipu(device: DeviceConfig, bn_group_size: int, shape: BatchShape) ->
     if device.device_iterations is not None:
         positive(device.device_iterations, "device.device_iterations")
     one_of(device.optimizer_state, "device.optimizer_state", OPTIMIZER_STATES)
+    one_of(system.mlperf_round, "device.system.mlperf_round", MLPERF_ROUNDS)
 
 
 # The simulated IPU's layout rules, each stated once: the config's check names the key, the backend (built directly,

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import math
+import re
 
 import pytest
 
@@ -10,6 +12,8 @@ from backends.ipu_sim.config import System
 from projection.ipu import calibrate, cost
 from projection.ipu.cost import Constants, RunShape, ring_allreduce_s, step_time
 from projection.profile import ModelProfile
+from projection.run import Schedule
+from tests.conftest import config_error
 from tests.systems import resnet50_profile, system
 
 
@@ -100,7 +104,7 @@ def test_logged_epochs_place_checkpoints_where_the_v1_1_logs_do(published):
     round trips cross the epoch before the checkpoint's iteration); the last epoch holds the leftover round trip;
     and as many checkpoints are written as the logs evaluate: 10 at POD16 and POD64, 11 at POD128."""
     constants, call_s = Constants(), 1.0
-    training = cost.training_loop(published.schedule, published.shape, call_s, constants)
+    training = cost.training_loop(system(published.system), published.schedule, published.shape, call_s, constants)
     epochs = training.epochs_s
     assert training.checkpoints == {"ipu_pod16": 10, "ipu_pod64": 10, "ipu_pod128": 11}[published.system]
     steady = cost.host_calls_per_epoch(published.schedule, published.shape) * call_s
@@ -109,6 +113,51 @@ def test_logged_epochs_place_checkpoints_where_the_v1_1_logs_do(published):
     first = published.schedule.first_eval + (1 if published.system == "ipu_pod64" else 0)
     assert slow[:3] == [first, first + 4, first + 8]
     assert epochs[-1] >= steady + call_s + constants.checkpoint_s  # the last round trip runs in full
+
+
+@pytest.mark.parametrize("name", [name for names in calibrate.SYSTEMS.values() for name in names])
+def test_bow_systems_run_graphcores_v2_0_train_py_and_ipu_pods_v1_1s(name):
+    assert system(name).mlperf_round == ("v2.0" if name.startswith("bow") else "v1.1")
+    assert cost.mlperf_round(system(name)).meta_graph == name.startswith("ipu")
+
+
+# The v2.0 recipes (configs.yml, mk2_resnet50_mlperf_pod{16,64,128,256}_lars): epochs, b x K x R, and the epochs whose
+# checkpoints train.py writes, counting back from the last by epochs_per_ckpt (4): epochs % 4 is the first.
+V2_0 = {
+    "bow_pod16": (38, (22, 10, 16), [2, 6, 10, 14, 18, 22, 26, 30, 34, 38]),
+    "bow_pod64": (40, (20, 4, 64), [4, 8, 12, 16, 20, 24, 28, 32, 36, 40]),
+    "bow_pod128": (41, (20, 2, 128), [1, 5, 9, 13, 17, 21, 25, 29, 33, 37, 41]),
+    "bow_pod256": (45, (20, 2, 256), [1, 5, 9, 13, 17, 21, 25, 29, 33, 37, 41, 45]),
+}
+
+
+@pytest.mark.parametrize("name", V2_0)
+def test_v2_0_checkpoints_count_back_from_the_last_epoch_and_write_no_meta_graph(name):
+    """Whatever first_eval says (here v1.1's 2), a v2.0 system checkpoints every 4 epochs ending at the last, each
+    costing the variables' save alone; a v1.1 system keeps first_eval (with one more at the end of 40 and 45 epochs)
+    and its checkpoint_s. A logged epoch holds whole round trips, so a checkpoint lands in its epoch or the next."""
+    epochs, (micro_batch, grad_accum, replicas), expected = V2_0[name]
+    updates = cost.updates_per_host_call(1_281_167, micro_batch * grad_accum * replicas)
+    run, schedule, call_s = RunShape(replicas, micro_batch, grad_accum, updates), Schedule(epochs, first_eval=2), 1.0
+    constants = dataclasses.replace(Constants(), catch_up_s=0.0, checkpoint_s=5.0, variables_checkpoint_s=2.0)
+    steady = cost.host_calls_per_epoch(schedule, run) * call_s
+    round_trips = math.ceil(1_281_167 * epochs // run.global_batch / updates)
+    v1_1 = sorted({*range(2, epochs + 1, 4), epochs})
+    for round_, pause_s, checkpointed in (("v2.0", 2.0, expected), ("v1.1", 5.0, v1_1)):
+        ran = dataclasses.replace(system(name), mlperf_round=round_)
+        assert cost.checkpoint_schedule(ran, schedule).eval_epochs() == checkpointed
+        training = cost.training_loop(ran, schedule, run, call_s, constants)
+        assert training.checkpoints == len(checkpointed)
+        assert sum(training.epochs_s) == pytest.approx(round_trips * call_s + len(checkpointed) * pause_s)
+        landed = [n for n, seconds in enumerate(training.epochs_s, 1) if seconds >= steady + pause_s]
+        assert all(0 <= n - e <= 1 for n, e in zip(landed, checkpointed, strict=True))
+
+
+def test_an_unknown_round_is_refused_by_name():
+    with pytest.raises(ValueError, match=re.escape("bow_pod16: mlperf_round 'v3.0' is not one of v1.1, v2.0")):
+        cost.mlperf_round(dataclasses.replace(system("bow_pod16"), mlperf_round="v3.0"))
+    said = config_error("device=bow_pod16", "device.system.mlperf_round=v3")
+    assert said == "device.system.mlperf_round: 'v3' is not one of v1.1, v2.0"
 
 
 def test_per_epoch_costs_weigh_more_as_epochs_shorten():

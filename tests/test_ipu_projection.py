@@ -13,11 +13,13 @@ from torch import nn
 from backends.ipu_sim.backend import IpuSimBackend
 from backends.ipu_sim.clock import DeviceClock
 from configs.checks import ConfigError
-from configs.schema import Config, validate
+from configs.schema import Config, batch_shape, validate
 from mlperf_logs.logger import MLPerfLogger
+from projection.ipu import cost, report
 from projection.ipu.assumptions import ASSUMPTIONS
 from projection.ipu.calibrate import POD64
-from tests.conftest import assert_compliant, mllog_events, record_margin, run_train
+from projection.run import Schedule
+from tests.conftest import assert_compliant, composed, mllog_events, record_margin, run_train
 from tests.systems import system
 
 # ResNet-50 at 224 px, fp32, 8 images per micro-batch on one IPU: 1.2 GB without recomputation, 0.7 GB with it.
@@ -45,10 +47,54 @@ def test_the_pod64_recipe_is_projected_within_10_percent_of_its_published_result
         assert line in stdout
 
 
+# configs.yml of mlcommons/training_results_v2.0 (Graphcore/benchmarks/resnet/implementations/tensorflow):
+# mk2_resnet50_mlperf_pod{16,64,128,256}_lars's micro-batch, accumulation, replicas, epochs and lr.
+V2_0_RECIPES = {
+    "mlperf_bow_pod16": ("bow_pod16", 22, 10, 16, 38, 10.72),
+    "mlperf_bow_pod64": ("bow_pod64", 20, 4, 64, 40, 14.225),
+    "mlperf_bow_pod128": ("bow_pod128", 20, 2, 128, 41, 12.1),
+    "mlperf_bow_pod256": ("bow_pod256", 20, 2, 256, 45, 20.2),
+}
+
+
+def schedule_of(cfg: Config) -> Schedule:
+    """The schedule run.mode=project gives the cost model (projection/mode.py)."""
+    return Schedule(cfg.run.max_epochs, eval_every=cfg.mlperf.eval_every, first_eval=cfg.mlperf.first_eval)
+
+
+@pytest.mark.parametrize("experiment", V2_0_RECIPES)
+def test_each_v2_0_recipe_runs_on_its_bow_system_and_evaluates_where_v2_0s_train_py_checkpoints(experiment):
+    """The experiment is configs.yml's recipe, on a system that runs v2.0's train.py; the harness's own evaluations
+    fall after the epochs whose checkpoints that train.py writes, so no line says they moved."""
+    cfg = composed(f"experiment={experiment}", "run.mode=project")
+    name, micro_batch, grad_accum, replicas, epochs, lr = V2_0_RECIPES[experiment]
+    shape = batch_shape(cfg, world_size=1)
+    system = cfg.device.system
+    assert system is not None and system.name == name and system.mlperf_round == "v2.0"
+    assert (shape.micro_batch, shape.grad_accum, cfg.device.replicas) == (micro_batch, grad_accum, replicas)
+    assert (cfg.run.max_epochs, cfg.optim.base_lr) == (epochs, lr)
+    schedule = schedule_of(cfg)
+    checkpointed = cost.checkpoint_schedule(system, schedule).eval_epochs()
+    assert checkpointed == sorted(cfg.mlperf.eval_epochs(epochs)) and checkpointed[-1] == epochs
+    assert checkpointed[0] == (epochs % 4 or 4)  # train.py: epochs % epochs_per_ckpt, 0 meaning the first at 4
+    assert report.checkpoints_moved(system, schedule) == []
+
+
+def test_a_v1_1_recipe_on_a_bow_system_is_told_where_its_checkpoints_moved():
+    """v1.1's POD16 recipe (first_eval 2) run for 45 epochs on a Bow Pod256: v2.0's train.py checkpoints after
+    epochs 1, 5, ..., 45, and the projection says so; the same on an IPU-POD256 keeps first_eval."""
+    overrides = ("experiment=mlperf_pod16", "run.mode=project", "run.max_epochs=45")
+    bow, ipu = (composed(*overrides, f"device={name}") for name in ("bow_pod256", "ipu_pod256"))
+    assert bow.device.system is not None and ipu.device.system is not None
+    (moved,) = report.checkpoints_moved(bow.device.system, schedule_of(bow))
+    assert moved.startswith("checkpoints after epochs 1, 5, 9, 13, 17, 21, 25, 29, 33, 37, 41, 45, not from")
+    assert "mlperf.first_eval=2: MLPerf v2.0's train.py counts them back from the last epoch" in moved
+    assert report.checkpoints_moved(ipu.device.system, schedule_of(ipu)) == []
+
+
 def test_a_pod256_recipe_is_projected_with_its_ranges_from_the_command_line(cache_dir, tmp_path):
-    recipe = ("device.replicas=256", "dist.grad_accum=2", "data.global_batch=10240", "run.max_epochs=45")
     run_dir = f"hydra.run.dir={tmp_path}"
-    stdout, figures = projected("experiment=mlperf_pod16", "device=bow_pod256", *recipe, run_dir, cache=cache_dir)
+    stdout, figures = projected("experiment=mlperf_bow_pod256", run_dir, cache=cache_dir)
     assert (tmp_path / "projection.txt").read_text() == stdout  # the run directory keeps what was printed
     assert json.loads((tmp_path / "projection.json").read_text()) == figures
     low, high = figures["throughput_img_s_range"]
@@ -58,6 +104,10 @@ def test_a_pod256_recipe_is_projected_with_its_ranges_from_the_command_line(cach
     assert figures["most_sensitive"] in ASSUMPTIONS
     assert "bow_pod256: 256 bow IPUs, 16 hosts, 2048 host cores" in stdout
     assert "all-reduce across POD64s (gateways)" in stdout
+    assert "s (12 saved checkpoints, after training)" in stdout  # after epochs 1, 5, ..., 45
+    assert any(
+        reach.startswith("MLPerf v2.0's checkpoints (calibrated: v1.1)") for reach in figures["beyond_calibration"]
+    )
     assert f"most sensitive to {figures['most_sensitive']} = " in stdout
     first, *_, named, _ = stdout.splitlines()
     answer = re.fullmatch(r"projected time to train \(45 epochs\): (\S+) min \((\S+) to (\S+)\) at .+", first)

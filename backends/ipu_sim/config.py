@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 OPTIMIZER_STATES = ("on_chip", "streaming")  # where a run keeps optimizer state: in SRAM, or in streaming memory
+MLPERF_ROUNDS = ("v1.1", "v2.0")  # whose Graphcore train.py runs around the steps (projection/ipu/cost.py ROUNDS)
 
 
 @dataclass
@@ -37,3 +38,4 @@ class System:
     ipus: int
     hosts: int
     host_cores: int  # CPU cores over all hosts, feeding the loader
+    mlperf_round: str  # one of MLPERF_ROUNDS: v1.1 (IPU-POD) or v2.0 (Bow Pod)

@@ -54,6 +54,13 @@ ASSUMPTIONS: dict[str, Assumption] = {
         "v1.1 logs: a checkpoint epoch over a steady one (POD128 1.93-1.96, POD16 2.05, POD64 2.83 less catch-up)",
         additive=True,
     ),
+    "variables_checkpoint_s": Assumption(
+        0.05,
+        1.93,
+        "s",
+        "v2.0 saves no MetaGraphDef: centre 2x a v1.1 restore (POD16 0.116 s eval gap), up to a whole v1.1 checkpoint",
+        additive=True,
+    ),
     "eval_setup_s": Assumption(
         15.9,
         18.8,

@@ -18,7 +18,6 @@ are held out: no constant or range is taken from them.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import json
 import math
@@ -26,13 +25,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cache, partial
 
-from hydra import compose, initialize_config_module
-from hydra.core.global_hydra import GlobalHydra
-from omegaconf import OmegaConf
-
 from backends.ipu_sim.config import System
-from configs.schema import register
 from models import batchnorm, build_resnet50
+from projection.calibration import constants_table, device_section, error
 from projection.ipu.assumptions import ASSUMPTIONS
 from projection.ipu.cost import (
     Constants,
@@ -52,8 +47,6 @@ from projection.uncertainty import (
     Interval,
     Refit,
     column,
-    corners,
-    describe,
     figures,
     interval,
 )
@@ -199,19 +192,10 @@ def refitter(profile: ModelProfile, systems: Mapping[str, System]) -> Refit[Cons
 
 
 def load_system(name: str) -> System:
-    """configs/device/<name>.yaml with its chip, composed by Hydra as a run would."""
-    register()
-    inside_a_run = GlobalHydra.instance().is_initialized()  # run.mode=project: compose on the run's search path
-    with contextlib.nullcontext() if inside_a_run else initialize_config_module("configs", version_base="1.3"):
-        cfg = compose("config", overrides=[f"device={name}"])
-    system = OmegaConf.to_object(cfg.device.system)
-    assert isinstance(system, System)
+    """configs/device/<name>.yaml's simulated IPU system with its chip."""
+    system = device_section(name).system
+    assert system is not None, f"device={name} is not a simulated IPU system"
     return system
-
-
-def error(projected: float, published: float) -> float:
-    """Relative error of a projection, in percent."""
-    return 100 * (projected / published - 1)
 
 
 SYSTEMS = {
@@ -220,21 +204,9 @@ SYSTEMS = {
 }
 
 
-def fitted_ranges(refit: Refit[Constants], central: Constants) -> dict[str, tuple[float, float]]:
-    """Each fitted constant's spread over the assumption corners the in-sample results allow, and the central fit."""
-    fits = [central, *(fitted for fitted in map(refit, corners(central, ASSUMPTIONS)) if fitted is not None)]
-    return {name: (min(getattr(f, name) for f in fits), max(getattr(f, name) for f in fits)) for name in FITTED}
-
-
 def print_constants(constants: Constants, refit: Refit[Constants]) -> None:
-    print("fitted on ipu_pod16, ipu_pod64 and ipu_pod128 (MLPerf Training v1.1, ResNet-50), with the range the")
-    print("assumptions below allow, and the systems that constrain each:")
-    for name, (low, high) in fitted_ranges(refit, constants).items():
-        print(f"  {name} = {getattr(constants, name):.4g} ({low:.4g} to {high:.4g}): {FITTED[name]}")
-    print("measured in the in-sample logs or assumed, each with the range projections are repeated over:")
-    for name, assumption in ASSUMPTIONS.items():
-        print(f"  {describe(name, assumption, getattr(constants, name))}: {assumption.reason}")
-    print()
+    fitted_on = "ipu_pod16, ipu_pod64 and ipu_pod128 (MLPerf Training v1.1, ResNet-50)"
+    print(constants_table(constants, refit, ASSUMPTIONS, FITTED, fitted_on))
 
 
 def print_calibration(
@@ -275,7 +247,8 @@ def print_calibration(
 
 
 def recipe_schedule(system: System, epochs: int) -> Schedule:
-    """Graphcore's v1.1 schedule: the first checkpoint at epoch 2 within a POD64, at epoch 1 beyond (configs.yml)."""
+    """Graphcore's v1.1 schedule: the first checkpoint at epoch 2 within a POD64, at epoch 1 beyond (configs.yml); a
+    v2.0 system counts its checkpoints back from the last epoch instead (cost.checkpoint_schedule)."""
     return Schedule(epochs, first_eval=2 if system.ipus <= system.chip.ipus_per_pod else 1)
 
 

@@ -3,18 +3,20 @@
 A handful of formulas over a ModelProfile (FLOPs and bytes per stage, measured from the real model) and a System
 (chip rates, links, gateways, hosts), with constants of which calibrate.py fits three to Graphcore's POD16, POD64
 and POD128 results and uncertainty.py gives the rest ranges. Each term is one small function; the step takes the
-slower of the device and the host that feeds it. Around the steps, a run does what Graphcore's MLPerf v1.1 train.py
-did (mlcommons/training_results_v1.1, Graphcore/benchmarks/resnet/implementations/tensorflow/): host round trips
-averaged over every host process, a checkpoint every few epochs, and the saved checkpoints evaluated after training.
+slower of the device and the host that feeds it. Around the steps, a run does what Graphcore's MLPerf train.py of
+the system's round did (mlcommons/training_results_v1.1 and training_results_v2.0,
+Graphcore/benchmarks/resnet/implementations/tensorflow/): host round trips averaged over every host process, a
+checkpoint every few epochs, and the saved checkpoints evaluated after training; ROUNDS says where v2.0's differs.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import statistics
 from dataclasses import dataclass
 
-from backends.ipu_sim.config import System
+from backends.ipu_sim.config import MLPERF_ROUNDS, System
 from projection.profile import ModelProfile, StageProfile
 from projection.run import Schedule
 
@@ -58,6 +60,7 @@ class Constants:
     host_hop_s: float = 50e-6  # one message between host processes in the outfeed's Horovod average
     instance_sync_s: float = 50e-6  # per host process and round trip, paid one process after another
     checkpoint_s: float = 2.0  # instance 0 writing a checkpoint while every replica waits; in the logs
+    variables_checkpoint_s: float = 0.12  # the same without its MetaGraphDef, as v2.0 writes it: its variables alone
     catch_up_s: float = 0.37  # the epoch after a checkpoint runs slower by this much; in the logs
     eval_setup_s: float = 17.4  # once per run: the validation graph attached, the first evaluation loaded
     eval_overhead_s: float = 0.1035  # per evaluation beyond its forward passes; fitted
@@ -320,6 +323,49 @@ def host_calls_per_epoch(schedule: Schedule, shape: RunShape) -> int:
 
 
 @dataclass(frozen=True)
+class Round:
+    """What one MLPerf round's Graphcore train.py (train_process) does around the steps that the other's does not."""
+
+    offset_from_last: bool  # no ckpt_epochs_offset in its recipes: the checkpoints count back from the last epoch
+    meta_graph: bool  # each checkpoint writes the MetaGraphDef as well as the variables (saver.save's default)
+
+
+# Graphcore/benchmarks/resnet/implementations/tensorflow/ in mlcommons/training_results_v1.1 and v2.0. Both checkpoint
+# every epochs_per_ckpt (4) epochs and at the end, from instance 0 while every replica waits, and after training set
+# up the validation graph once and evaluate every checkpoint (validation.py); neither stops early at the target.
+# v1.1's configs.yml sets ckpt_epochs_offset per recipe; v2.0's sets none, and its train.py then takes
+# `epochs % epochs_per_ckpt`, and saves with `write_meta_graph=False`.
+ROUNDS = {
+    "v1.1": Round(offset_from_last=False, meta_graph=True),
+    "v2.0": Round(offset_from_last=True, meta_graph=False),
+}
+assert tuple(ROUNDS) == MLPERF_ROUNDS
+
+
+def mlperf_round(system: System) -> Round:
+    """The round whose train.py runs on `system` (configs/device/<system>.yaml: mlperf_round, which the config
+    checks; a system built directly is refused here)."""
+    if system.mlperf_round not in ROUNDS:
+        raise ValueError(f"{system.name}: mlperf_round {system.mlperf_round!r} is not one of {', '.join(ROUNDS)}")
+    return ROUNDS[system.mlperf_round]
+
+
+def checkpoint_schedule(system: System, schedule: Schedule) -> Schedule:
+    """The schedule as the system's round checkpoints it: v1.1's recipes set the first checkpoint's epoch
+    (ckpt_epochs_offset), which `first_eval` gives; v2.0's train.py counts back from the last epoch, `epochs %
+    epochs_per_ckpt` (an offset of 0 puts the first at epochs_per_ckpt), so its last checkpoint is on the cadence."""
+    if not mlperf_round(system).offset_from_last:
+        return schedule
+    return dataclasses.replace(schedule, first_eval=schedule.epochs % schedule.eval_every or schedule.eval_every)
+
+
+def checkpoint_pause_s(system: System, constants: Constants) -> float:
+    """One checkpoint while every replica waits: v1.1's, as its logs time it, wrote the MetaGraphDef too; v2.0's
+    (`write_meta_graph=False`) moves the variables alone, as a restore before each v1.1 evaluation does."""
+    return constants.checkpoint_s if mlperf_round(system).meta_graph else constants.variables_checkpoint_s
+
+
+@dataclass(frozen=True)
 class Training:
     """The training loop as the MLPerf log times it: each epoch's seconds, and the checkpoints written (each is
     evaluated after training)."""
@@ -328,12 +374,13 @@ class Training:
     checkpoints: int
 
 
-def training_loop(schedule: Schedule, shape: RunShape, call_s: float, constants: Constants) -> Training:
+def training_loop(system: System, schedule: Schedule, shape: RunShape, call_s: float, constants: Constants) -> Training:
     """Graphcore's train.py training loop: round trips of `device_iterations` updates while `i < iterations` (the
     last one runs in full); before a round trip, the epoch ends if the round trip would end in the next one; after
     it, a checkpoint if it crossed `ckpt_epochs_offset` plus a multiple of `epochs_per_ckpt` epochs (or ended the
     run), and the round trip after a checkpoint catches up. So a checkpoint lands in the epoch it closes at POD16
-    and POD128, and in the next one at POD64, as their logs show."""
+    and POD128, and in the next one at POD64, as their logs show. The system's round places and prices them."""
+    schedule, pause_s = checkpoint_schedule(system, schedule), checkpoint_pause_s(system, constants)
     batch, images, epochs = shape.global_batch, schedule.train_images, schedule.epochs
     iterations, per_epoch, step = images * epochs // batch, images // batch, shape.device_iterations
     offset, every = schedule.first_eval * per_epoch, schedule.eval_every * per_epoch
@@ -346,7 +393,7 @@ def training_loop(schedule: Schedule, shape: RunShape, call_s: float, constants:
         crossed = (i - offset) // every < (i + step - offset) // every or i + step >= iterations
         checkpoint = i >= offset - step and crossed and not (round(epoch) == epochs and i + step < iterations)
         current += call_s + (constants.catch_up_s if catching_up else 0.0)
-        current += constants.checkpoint_s if checkpoint else 0.0
+        current += pause_s if checkpoint else 0.0
         checkpoints += checkpoint
         catching_up, i = checkpoint, i + step
     return Training([*logged, current], checkpoints)
@@ -356,11 +403,11 @@ def project(
     profile: ModelProfile, system: System, shape: RunShape, constants: Constants, schedule: Schedule
 ) -> Projection:
     """Throughput as MLPerf's median epoch gives it, and time-to-train: the epochs back to back with their
-    checkpoints, then the validation graph set up once and each checkpoint evaluated, as Graphcore's v1.1 runs did
-    (its logs: run_stop follows the last evaluation; nothing else inside the timed region)."""
+    checkpoints, then the validation graph set up once and each checkpoint evaluated, as Graphcore's v1.1 and v2.0
+    runs did (v1.1's logs: run_stop follows the last evaluation; nothing else inside the timed region)."""
     step = step_time(profile, system, shape, constants)
     call_s = shape.device_iterations * step.total_s
-    training = training_loop(schedule, shape, call_s, constants)
+    training = training_loop(system, schedule, shape, call_s, constants)
     evaluation = constants.eval_setup_s + training.checkpoints * evaluation_s(
         profile, system, shape, constants, schedule.eval_images
     )

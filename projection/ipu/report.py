@@ -30,7 +30,21 @@ def project(planned: Plan, system: System, schedule: Schedule) -> str:
     central = refit(Constants())
     assert central is not None, "the central constants must fit the in-sample results"
     spread = uncertainty.interval(at, refit, central, ASSUMPTIONS)
-    return report(planned, system, shape, spread, central, schedule.epochs, beyond_calibration(planned, system, shape))
+    beyond = beyond_calibration(planned, system, shape)
+    return report(planned, system, shape, spread, central, schedule.epochs, beyond, checkpoints_moved(system, schedule))
+
+
+def checkpoints_moved(system: System, schedule: Schedule) -> list[str]:
+    """A line where the system's MLPerf round checkpoints (and so evaluates) after other epochs than mlperf.first_eval
+    says: v2.0's train.py counts them back from the last epoch."""
+    run = cost.checkpoint_schedule(system, schedule)
+    if run.first_eval == schedule.first_eval:
+        return []
+    epochs = ", ".join(map(str, run.eval_epochs()))
+    return [
+        f"checkpoints after epochs {epochs}, not from mlperf.first_eval={schedule.first_eval}: MLPerf"
+        f" {system.mlperf_round}'s train.py counts them back from the last epoch"
+    ]
 
 
 def beyond_calibration(planned: Plan, system: System, shape: cost.RunShape) -> list[str]:
@@ -41,6 +55,7 @@ def beyond_calibration(planned: Plan, system: System, shape: cost.RunShape) -> l
     calibrated = {name: calibrate.load_system(name) for name in samples}
     most_pods = max(cost.pods(calibrated[name], sample, 1) for name, sample in samples.items())
     chips = sorted({chip.chip.name for chip in calibrated.values()})
+    rounds = sorted({known.mlperf_round for known in calibrated.values()})
     accumulations = [sample.grad_accum for sample in samples.values()]
     processes = [cost.instances(sample) for sample in samples.values()]
     beyond = []
@@ -51,6 +66,11 @@ def beyond_calibration(planned: Plan, system: System, shape: cost.RunShape) -> l
         )
     if system.chip.name not in chips:
         beyond.append(f"chip {system.chip.name} (calibrated: {', '.join(chips)}): per-update costs are taken as theirs")
+    if system.mlperf_round not in rounds:
+        beyond.append(
+            f"MLPerf {system.mlperf_round}'s checkpoints (calibrated: {', '.join(rounds)}): without the MetaGraphDef,"
+            " variables_checkpoint_s assumes their cost"
+        )
     if not min(accumulations) <= shape.grad_accum <= max(accumulations):
         beyond.append(
             f"{shape.grad_accum} micro-batches per update (calibrated: {min(accumulations)} to {max(accumulations)})"
@@ -70,9 +90,10 @@ def report(
     central: Constants,
     epochs: int,
     beyond: list[str],
+    notes: list[str],
 ) -> str:
-    """The projected time to train and throughput first, then the system, the memory table, the cost model's
-    report and its ranges, where it extrapolates, and last one JSON line of figures."""
+    """The projected time to train and throughput first, then the system (and `notes` on how its round runs), the
+    memory table, the cost model's report and its ranges, where it extrapolates, and last one JSON line of figures."""
     memory = {"ipu_memory_mb": [round(row.total_mb, 1) for row in planned.memory.rows], "fits": planned.memory.fits}
     reach = "within the calibrated regime" if not beyond else "beyond the calibrated regime: " + "; ".join(beyond)
     hosts = f"{system.hosts} hosts, {system.host_cores} host cores"
@@ -80,6 +101,7 @@ def report(
         [
             uncertainty.headline(spread, epochs) + "\n",
             f"{system.name}: {system.ipus} {system.chip.name} IPUs, {hosts}",
+            *notes,
             f"{planned.memory.table()}\n{planned.memory.suggestion()}\n",
             cost.report(spread.central, shape, len(planned.profile.stages), epochs),
             uncertainty.report(spread, central, ASSUMPTIONS),
