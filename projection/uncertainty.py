@@ -176,3 +176,9 @@ def report(interval: Interval[P], central: C, assumptions: Mapping[str, Assumpti
         return f"{ranges}\nno assumption moves it: this is the layout the constants are fitted to"
     swing = f"most sensitive to {describe(name, assumptions[name], getattr(central, name))}"
     return f"{ranges}\n{swing}: time to train {low:.3f} to {high:.3f} min alone; {assumptions[name].reason}"
+
+
+def reach(beyond: list[str]) -> str:
+    """Where a projection stands against its calibration: within it, or each way it reaches beyond (nothing is
+    widened for those beyond the ranges)."""
+    return "within the calibrated regime" if not beyond else "beyond the calibrated regime: " + "; ".join(beyond)

@@ -35,7 +35,7 @@ def projection_report(
             f"compute: {compute_source(measured)}\n",
             breakdown(spread.central, layout, epochs.count),
             uncertainty.report(spread, fit.central, calibrate.ASSUMPTIONS),
-            "within the calibrated regime" if not beyond else "beyond the calibrated regime: " + "; ".join(beyond),
+            uncertainty.reach(beyond),
             json.dumps(figures(spread, layout) | {"beyond_calibration": beyond}),
         ]
     )

@@ -95,7 +95,6 @@ def report(
     """The projected time to train and throughput first, then the system (and `notes` on how its round runs), the
     memory table, the cost model's report and its ranges, where it extrapolates, and last one JSON line of figures."""
     memory = {"ipu_memory_mb": [round(row.total_mb, 1) for row in planned.memory.rows], "fits": planned.memory.fits}
-    reach = "within the calibrated regime" if not beyond else "beyond the calibrated regime: " + "; ".join(beyond)
     hosts = f"{system.hosts} hosts, {system.host_cores} host cores"
     return "\n".join(
         [
@@ -105,7 +104,7 @@ def report(
             f"{planned.memory.table()}\n{planned.memory.suggestion()}\n",
             cost.report(spread.central, shape, len(planned.profile.stages), epochs),
             uncertainty.report(spread, central, ASSUMPTIONS),
-            reach,
+            uncertainty.reach(beyond),
             json.dumps(uncertainty.figures(spread) | memory | {"beyond_calibration": beyond}),
         ]
     )
