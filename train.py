@@ -7,6 +7,7 @@
     python train.py precision=fp16.16             fp16 weights with stochastic rounding (configs/precision/)
     python train.py run.mode=benchmark precision=bf16   time the train step on random batches
     python train.py run.mode=project experiment=mlperf_pod64    memory plan and time-to-train on a simulated IPU-POD64
+    python train.py run.mode=project experiment=imagenet device=dgx_h100 device.nodes=8   time-to-train on 8 DGX H100s
     python train.py device=ipu_pod16 device.replicas=4 mlperf.clock=device   train on 4 simulated IPUs, log their time
     torchrun --nproc-per-node 2 train.py dist.bn_group_size=2   two processes, BatchNorm over both
 

@@ -11,9 +11,9 @@ from configs.checks import ConfigError, one_of, positive, require
 from configs.shape import BatchShape
 from projection.gpu.config import Cluster
 
-# What backends.build.BACKENDS dispatches on (ipu_sim: a simulated IPU system), and gpu_cluster: GPU nodes that
-# run.mode=project projects a run onto (configs/device/dgx_*.yaml, pcie_l40s.yaml) and nothing executes on.
-DEVICES = ("cpu", "cuda", "ipu_sim", "gpu_cluster")
+EXECUTING = ("cpu", "cuda", "ipu_sim")  # what backends.build.BACKENDS dispatches on; ipu_sim: a simulated IPU system
+# and gpu_cluster: GPU nodes that run.mode=project projects a run onto (configs/device/dgx_*.yaml, pcie_l40s.yaml)
+DEVICES = (*EXECUTING, "gpu_cluster")
 
 
 @dataclass

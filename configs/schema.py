@@ -53,7 +53,7 @@ class DistConfig:
 
 @dataclass
 class RunConfig:
-    mode: str = "train"  # train | benchmark (time the step) | project (ipu_sim: memory plan and time-to-train)
+    mode: str = "train"  # train | benchmark (time the step) | project (time to train on ipu_sim or gpu_cluster)
     seed: int = 1
     max_epochs: int = 40
     resume: str = "none"  # none | auto: continue from the checkpoint in the output directory, if there is one

@@ -10,7 +10,7 @@ from torch._dynamo.utils import counters
 from backends import build
 from backends.base import Backend
 from backends.build import facts_on
-from backends.config import DEVICES
+from backends.config import DEVICES, EXECUTING
 from backends.graphs import why_not_captured
 from backends.ipu_sim.backend import IpuSimBackend
 from backends.native import NativeBackend, norm_layer, settings
@@ -30,8 +30,9 @@ def built_from(cfg: Config, classes: int = 4) -> Backend:
     return build.from_config(cfg, build.run_facts(cfg, Topology()), classes)
 
 
-def test_every_device_name_the_schema_allows_has_a_backend():
-    assert tuple(build.BACKENDS) == DEVICES
+def test_every_device_a_run_can_execute_on_has_a_backend():
+    assert tuple(build.BACKENDS) == EXECUTING
+    assert set(DEVICES) - set(EXECUTING) == {"gpu_cluster"}  # projected onto only: run.mode=train refuses it
 
 
 def test_the_policy_has_the_config_schemas_defaults():

@@ -18,6 +18,7 @@ from mlperf_logs.logger import MLPerfLogger
 from projection.ipu import cost, report
 from projection.ipu.assumptions import ASSUMPTIONS
 from projection.ipu.calibrate import POD64
+from projection.mode import project
 from projection.run import Schedule
 from tests.conftest import assert_compliant, composed, mllog_events, record_margin, run_train
 from tests.systems import system
@@ -92,9 +93,10 @@ def test_a_v1_1_recipe_on_a_bow_system_is_told_where_its_checkpoints_moved():
     assert report.checkpoints_moved(ipu.device.system, schedule_of(ipu)) == []
 
 
-def test_a_pod256_recipe_is_projected_with_its_ranges_from_the_command_line(cache_dir, tmp_path):
-    run_dir = f"hydra.run.dir={tmp_path}"
-    stdout, figures = projected("experiment=mlperf_bow_pod256", run_dir, cache=cache_dir)
+def test_a_pod256_recipe_is_projected_with_its_ranges_and_kept(tmp_path, capsys):
+    project(composed("run.mode=project", "experiment=mlperf_bow_pod256"), tmp_path, command_line=[])
+    stdout = capsys.readouterr().out
+    figures = json.loads(stdout.strip().splitlines()[-1])
     assert (tmp_path / "projection.txt").read_text() == stdout  # the run directory keeps what was printed
     assert json.loads((tmp_path / "projection.json").read_text()) == figures
     low, high = figures["throughput_img_s_range"]
