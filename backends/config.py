@@ -70,6 +70,10 @@ def validate_device(device: DeviceConfig, bn_group_size: int, shape: BatchShape)
         validate_ipu(device, bn_group_size, shape)
     if gpu_cluster(device):
         validate_cluster(device, shape)
+    else:
+        for key, value, unset in (("nodes", device.nodes, 1), ("gpus_per_node", device.gpus_per_node, 1)):
+            require(value == unset, f"device.{key}", "lays out a GPU cluster to project: device=dgx_h100, ...")
+        require(device.measured is None, "device.measured", "projects onto a GPU cluster: device=dgx_h100, ...")
 
 
 def validate_cluster(device: DeviceConfig, shape: BatchShape) -> None:

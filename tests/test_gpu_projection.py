@@ -171,6 +171,8 @@ def test_a_file_that_holds_no_measured_step_is_refused(tmp_path):
             "device.gpus_per_node",
         ),
         (("run.mode=project", "experiment=imagenet", "device=dgx_a100", "device.nodes=5"), "data.global_batch"),
+        (("device=cuda", "device.nodes=2"), "device.nodes"),  # torchrun and SLURM place real ranks
+        (("run.mode=project", "experiment=mlperf_pod16", "device.measured=gpu.json"), "device.measured"),
     ],
 )
 def test_a_cluster_the_run_cannot_use_is_refused_naming_the_key(overrides, key):
