@@ -13,8 +13,6 @@ from projection.gpu.cost import Constants, Layout, MeasuredStep, Projection, pro
 from projection.run import Epochs, Schedule
 from projection.uncertainty import Interval
 
-CALIBRATED_BATCHES = (40, 408)  # the in-sample per-GPU batches, smallest and largest
-
 
 def projection_report(
     cluster: Cluster, layout: Layout, schedule: Schedule, epochs: Epochs, measured: MeasuredStep | None
@@ -100,7 +98,7 @@ def beyond_calibration(
         )
     if layout.nodes > most_nodes:
         beyond.append(f"{layout.nodes} nodes (calibrated: up to {most_nodes}): the fabric's terms as modelled")
-    low, high = CALIBRATED_BATCHES
+    low, high = min(p.layout.batch for p in published), max(p.layout.batch for p in published)
     if not low <= layout.batch <= high:
         beyond.append(f"{layout.batch} images per GPU (calibrated: {low} to {high})")
     if not cluster.gpu.nvlink_bandwidth or layout.gpus_per_node != 8:
