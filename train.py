@@ -61,7 +61,7 @@ from monitor.metrics import EpochMetrics, EpochTimer, MetricsCSV, plot
 from monitor.progress import Progress, epoch_line, job_log, print_summary, say
 from optim.precision import NonFiniteLoss, Policy
 from optim.schedule import Schedule
-from projection.mode import project
+from projection.mode import listed_cuts, project
 
 USER_ERRORS = (ConfigError, DatasetError, CheckpointError, LaunchError, HydraException, OmegaConfBaseException)
 NOT_CONVERGED = 3  # the exit status of a run that ended short of the target (run.allow_not_converged=true: 0)
@@ -114,6 +114,8 @@ def run(raw: DictConfig) -> float | None:
     cfg = OmegaConf.to_object(raw)
     assert isinstance(cfg, Config)  # the schema is the base of every composed config (register)
     validate(cfg, topology.world_size)
+    if listed_cuts(cfg):  # device.pipeline_splits=list: where the model can be cut, and nothing more
+        return None
     with distributed.process_group(topology, cfg.device.name, cfg.dist.timeout_s):
         if cfg.run.mode == "benchmark":
             benchmark(cfg, topology)

@@ -5,6 +5,7 @@ checks. configs/schema.py composes it; this module imports no implementation."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from backends.ipu_sim.config import MLPERF_ROUNDS, OPTIMIZER_STATES, System
 from configs.checks import ConfigError, one_of, positive, require
@@ -31,7 +32,11 @@ class DeviceConfig:
     system: System | None = None  # ipu_sim: the simulated IPU system (configs/device/<system>.yaml)
     # ipu_sim only: how a run is laid out on the system (the names of Graphcore's PopTorch documentation)
     replicas: int = 1  # data-parallel copies of the model, over all ranks (each rank runs its share)
-    pipeline_splits: list[str] = field(default_factory=list)  # module names that begin pipeline stages 2, 3, ...
+    # module names that begin pipeline stages 2, 3, ...; "auto": the simulator chooses them for ipus_per_replica
+    # stages; "list": print the candidate cuts and exit. Any: OmegaConf has no union of a list and a string
+    pipeline_splits: Any = field(default_factory=list)
+    ipus_per_replica: int | None = None  # pipeline_splits=auto: stages per replica; None: the system's IPUs over
+    # the replicas
     device_iterations: int | None = None  # weight updates per host round trip; None: 5 round trips an epoch, as
     # Graphcore's MLPerf train.py (one per log interval)
     recompute: str = "none"  # none | auto | module names whose outputs are checkpoints, comma-separated
@@ -42,6 +47,39 @@ class DeviceConfig:
     gpus_per_node: int = 1  # gpu_cluster: GPUs used on each node, one data-parallel replica each
     measured: str | None = None  # gpu_cluster: a gpu.json from make gpu-check, whose step on one GPU replaces the
     # modelled compute: the projection of rn50perf itself on the cluster
+
+
+SPLIT_CHOICES = ("auto", "list")  # device.pipeline_splits' words, besides a list of module names
+
+
+def explicit_splits(device: DeviceConfig) -> list[str] | None:
+    """The module names device.pipeline_splits gives; None where it says "auto" or "list"."""
+    return None if isinstance(device.pipeline_splits, str) else list(device.pipeline_splits)
+
+
+def pipeline_stages(device: DeviceConfig) -> int:
+    """IPUs per replica: one more than the splits given, or device.ipus_per_replica, or the system's IPUs shared
+    by the replicas."""
+    splits = explicit_splits(device)
+    if splits is not None:
+        return len(splits) + 1
+    if device.ipus_per_replica is not None:
+        return device.ipus_per_replica
+    assert device.system is not None
+    return max(1, device.system.ipus // device.replicas)
+
+
+def validate_splits(device: DeviceConfig) -> None:
+    splits = device.pipeline_splits
+    if isinstance(splits, str):
+        one_of(splits, "device.pipeline_splits", SPLIT_CHOICES)
+    else:
+        names = isinstance(splits, list) and all(isinstance(name, str) for name in splits)
+        require(
+            names, "device.pipeline_splits", f"expects module names such as [layer2,layer3], auto or list, got {splits}"
+        )
+    if device.ipus_per_replica is not None:
+        positive(device.ipus_per_replica, "device.ipus_per_replica")
 
 
 def simulated(device: DeviceConfig) -> bool:
@@ -104,6 +142,7 @@ def validate_ipu(device: DeviceConfig, bn_group_size: int, shape: BatchShape) ->
     require(not device.compile, "device.compile", "a simulated IPU runs eager: compile is for device=cpu or cuda")
     require(not device.cuda_graphs, "device.cuda_graphs", "a simulated IPU runs eager: CUDA graphs are for device=cuda")
     require(device.replicas >= 1, "device.replicas", f"must be 1 or more, got {device.replicas}")
+    validate_splits(device)
     require(
         device.replicas % shape.ranks == 0,
         "device.replicas",
@@ -115,7 +154,7 @@ def validate_ipu(device: DeviceConfig, bn_group_size: int, shape: BatchShape) ->
         "data.global_batch",
         f"{shape.global_batch} is not micro-batch {micro} x dist.grad_accum {accum} x {device.replicas} replicas",
     )
-    stages = len(device.pipeline_splits) + 1
+    stages = pipeline_stages(device)
     short = pipeline_short_of_micro_batches(stages, accum)
     require(short is None, "dist.grad_accum", str(short))
     require(

@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 
 import rundir
-from backends.config import gpu_cluster
+from backends.config import gpu_cluster, simulated
 from backends.ipu_sim import simulator
 from configs.schema import Config, batch_shape
 from data.datasets import dataset_size
@@ -36,6 +36,16 @@ def project(cfg: Config, out_dir: Path | None, command_line: Sequence[str]) -> N
     if out_dir is not None:
         (out_dir / rundir.PROJECTION_TEXT).write_text(text + "\n")
         (out_dir / rundir.PROJECTION_JSON).write_text(figures + "\n")
+
+
+def listed_cuts(cfg: Config) -> bool:
+    """For device.pipeline_splits=list on a simulated IPU system: print every place the model can be cut, with what
+    the first IPU would hold, and say so (the run does nothing more)."""
+    if not simulated(cfg.device) or cfg.device.pipeline_splits != "list":
+        return False
+    classes, _, _ = dataset_size(cfg.data)
+    print(simulator.cut_table(cfg, batch_shape(cfg, world_size=1), classes), flush=True)
+    return True
 
 
 def schedule_of(cfg: Config, epochs: int) -> Schedule:

@@ -59,7 +59,10 @@ def test_a_bad_value_is_told_in_one_line_naming_the_key(overrides, message):
         (["run.checkpoint=maybe"], "run.checkpoint: expects true or false, got 'maybe'"),
         (["optim.base_lr=abc"], "optim.base_lr: expects a number, got 'abc'"),
         (["optim.decay_epochs=x"], "optim.decay_epochs: expects a number or null, got 'x'"),
-        (["device.pipeline_splits=3"], "device.pipeline_splits: expects a list such as [a,b], got 3"),
+        (
+            ["device=ipu_pod16", "device.pipeline_splits=3"],
+            "device.pipeline_splits: expects module names such as [layer2,layer3], auto or list, got 3",
+        ),
         (["device=ipu_pod16", "device.system.ipus=x"], "device.system.ipus: expects an integer, got 'x'"),
         (["experiment=smok"], "experiment=smok: no such option; did you mean experiment=smoke?"),
         (

@@ -84,7 +84,7 @@ class IpuSimBackend(NativeBackend):
             replicas=cfg.device.replicas // facts.topology.world_size,
             bn_group=cfg.dist.bn_group_size,
             clock=clock,
-            pipeline_splits=cfg.device.pipeline_splits,
+            pipeline_splits=simulator.splits(cfg, facts.shape, model),
             **settings(cfg, facts),
         )
 

@@ -73,6 +73,27 @@ def cut(model: nn.Module, splits: Sequence[str]) -> list[fx.GraphModule]:
     return stages
 
 
+def cut_points(model: nn.Module) -> list[str]:
+    """Where a pipeline stage can begin, in forward order: the modules (two levels deep at most, so ResNet-50's
+    blocks) at whose first call one tensor crosses from what ran before, each place once by its first name."""
+    graph = fx.symbolic_trace(model).graph
+    nodes = [node for node in graph.nodes if node.op != "output"]
+    points: dict[int, str] = {}
+    for name, _ in model.named_modules():
+        if not name or name.count(".") > 1:
+            continue
+        try:
+            (start,) = _starts(model, nodes, [name])
+            before = nodes[:start]
+            if start in points or not any(node.op == "call_module" for node in before):
+                continue
+            _passed_on(before, name)
+        except ValueError:  # never runs, or two tensors cross (inside a residual block)
+            continue
+        points[start] = name
+    return [points[start] for start in sorted(points)]
+
+
 def _starts(model: nn.Module, nodes: list[fx.Node], splits: Sequence[str]) -> list[int]:
     """The index of each split module's first node, in increasing order."""
     modules = dict(model.named_modules())

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from torch import nn
 
-from backends.ipu_sim import pipeline
+from backends.config import explicit_splits, pipeline_stages
+from backends.ipu_sim import partition, pipeline
 from backends.ipu_sim.clock import DeviceClock
 from backends.ipu_sim.config import System
 from configs.checks import ConfigError
@@ -20,15 +21,16 @@ from projection.ipu.memory import OutOfMemory
 from projection.ipu.plan import Layout, Plan, plan_run
 
 
-def layout(cfg: Config, shape: BatchShape) -> Layout:
-    """The run's layout on the simulated IPU system, as the probe, the memory plan and the cost model read it."""
+def layout(cfg: Config, shape: BatchShape, splits: tuple[str, ...] = ()) -> Layout:
+    """The run's layout on the simulated IPU system cut at `splits`, as the probe, the memory plan and the cost
+    model read it."""
     device = cfg.device
     return Layout(
         replicas=device.replicas,
         micro_batch=shape.micro_batch,
         grad_accum=cfg.dist.grad_accum,
         image_size=cfg.data.image_size,
-        splits=tuple(device.pipeline_splits),
+        splits=splits,
         recompute=device.recompute,
         device_iterations=device.device_iterations,
         optimizer_state=device.optimizer_state,
@@ -45,21 +47,51 @@ def build_model(cfg: Config, classes: int) -> nn.Module:
     norm = batchnorm(cfg.model.bn_momentum, cfg.model.bn_eps)
     model = build_resnet50(classes, norm, cfg.model.zero_init_residual, cfg.device.channels_last)
     modules = dict(model.named_modules())
-    for name in cfg.device.pipeline_splits:
+    for name in explicit_splits(cfg.device) or []:
         if name not in modules:
             examples = ", ".join([*list(modules)[1:4], "layer2", "layer3.2"])
             raise ConfigError("device.pipeline_splits", f"{name!r} is not a module of the model (e.g. {examples})")
     try:
-        pipeline.cut(model, cfg.device.pipeline_splits)
+        pipeline.cut(model, explicit_splits(cfg.device) or [])
     except ValueError as err:  # e.g. a cut inside a residual block, where two tensors cross
         raise ConfigError("device.pipeline_splits", str(err)) from err
     return model
 
 
+CHOSEN: dict[str, tuple[str, ...]] = {}  # pipeline_splits=auto's cuts by the run's layout: the probe runs once
+
+
+def splits(cfg: Config, shape: BatchShape, model: nn.Module) -> tuple[str, ...]:
+    """The run's cuts: the names device.pipeline_splits gives, or for "auto" the ones partition.choose picks for
+    the IPUs per replica, said once so that a user can pin them."""
+    given = explicit_splits(cfg.device)
+    if given is not None:
+        return tuple(given)
+    key = repr((cfg.device, cfg.data.image_size, cfg.precision, shape))
+    if key not in CHOSEN:
+        stages = pipeline_stages(cfg.device)
+        stretches = partition.probe_stretches(model, layout(cfg, shape), system_of(cfg))
+        try:
+            CHOSEN[key] = partition.choose(stretches, stages, layout(cfg, shape), system_of(cfg))
+        except partition.NoFit as err:
+            raise ConfigError("device.pipeline_splits", str(err)) from err
+        pinned = ",".join(CHOSEN[key])
+        print(
+            f"device.pipeline_splits=auto cut {stages} stages at: [{pinned}] (pin: device.pipeline_splits=[{pinned}])"
+        )
+    return CHOSEN[key]
+
+
+def cut_table(cfg: Config, shape: BatchShape, classes: int) -> str:
+    """device.pipeline_splits=list: every place the model can be cut, with what the first IPU would hold."""
+    model, system = build_model(cfg, classes), system_of(cfg)
+    return partition.cut_table(partition.probe_stretches(model, layout(cfg, shape), system), layout(cfg, shape), system)
+
+
 def plan(cfg: Config, shape: BatchShape, model: nn.Module) -> Plan:
     """Probe one micro-batch of `model` on the host and plan each IPU's memory."""
     try:
-        return plan_run(model, layout(cfg, shape), system_of(cfg).chip)
+        return plan_run(model, layout(cfg, shape, splits(cfg, shape, model)), system_of(cfg).chip)
     except ValueError as err:  # a split or recomputation checkpoint the model does not run
         raise ConfigError("device", str(err)) from err
 
@@ -85,4 +117,4 @@ def system_of(cfg: Config) -> System:
     return cfg.device.system
 
 
-__all__ = ["Layout", "Plan", "build_model", "clock", "layout", "plan", "system_of"]
+__all__ = ["Layout", "Plan", "build_model", "clock", "cut_table", "layout", "plan", "splits", "system_of"]

@@ -79,7 +79,12 @@ def plan_run(model: nn.Module, layout: Layout, chip: Chip) -> Plan:
         activation_dtype_bytes=DTYPE_BYTES[layout.compute],
         input_bytes_per_pixel=1 if layout.input_8bit else DTYPE_BYTES[layout.compute],
     )
-    memory = plan_memory(
+    return Plan(layout, profile, memory_plan(profile, layout, chip))
+
+
+def memory_plan(profile: ModelProfile, layout: Layout, chip: Chip) -> MemoryPlan:
+    """Each IPU's memory for `profile`'s stages as `layout` keeps weights, optimizer state and micro-batches."""
+    return plan_memory(
         profile,
         chip,
         master_bytes=DTYPE_BYTES[layout.master],
@@ -87,4 +92,3 @@ def plan_run(model: nn.Module, layout: Layout, chip: Chip) -> Plan:
         optimizer_state=layout.optimizer_state,
         grad_accum=layout.grad_accum,
     )
-    return Plan(layout, profile, memory)
