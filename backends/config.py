@@ -37,6 +37,8 @@ class DeviceConfig:
     pipeline_splits: Any = field(default_factory=list)
     ipus_per_replica: int | None = None  # pipeline_splits=auto: stages per replica; None: the system's IPUs over
     # the replicas
+    pipeline_mode: str = "pipelined"  # pipelined: the stages work on different micro-batches at once; sharded: one
+    # stage at a time, each micro-batch through all of them before the next
     device_iterations: int | None = None  # weight updates per host round trip; None: 5 round trips an epoch, as
     # Graphcore's MLPerf train.py (one per log interval)
     recompute: str = "none"  # none | auto | module names whose outputs are checkpoints, comma-separated
@@ -50,6 +52,7 @@ class DeviceConfig:
 
 
 SPLIT_CHOICES = ("auto", "list")  # device.pipeline_splits' words, besides a list of module names
+PIPELINE_MODES = ("pipelined", "sharded")  # how the stages of a model cut over several IPUs take turns
 
 
 def explicit_splits(device: DeviceConfig) -> list[str] | None:
@@ -154,8 +157,9 @@ def validate_ipu(device: DeviceConfig, bn_group_size: int, shape: BatchShape) ->
         "data.global_batch",
         f"{shape.global_batch} is not micro-batch {micro} x dist.grad_accum {accum} x {device.replicas} replicas",
     )
+    one_of(device.pipeline_mode, "device.pipeline_mode", PIPELINE_MODES)
     stages = pipeline_stages(device)
-    short = pipeline_short_of_micro_batches(stages, accum)
+    short = pipeline_short_of_micro_batches(stages, accum, sharded=device.pipeline_mode == "sharded")
     require(short is None, "dist.grad_accum", str(short))
     require(
         device.replicas * stages <= system.ipus,
@@ -174,9 +178,10 @@ def validate_ipu(device: DeviceConfig, bn_group_size: int, shape: BatchShape) ->
 # as tests do) raises ValueError with the same words.
 
 
-def pipeline_short_of_micro_batches(stages: int, grad_accum: int) -> str | None:
-    """Why a pipeline of `stages` cannot run `grad_accum` micro-batches per update (each stage needs one in flight)."""
-    if stages == 1 or grad_accum >= stages:
+def pipeline_short_of_micro_batches(stages: int, grad_accum: int, sharded: bool = False) -> str | None:
+    """Why a pipeline of `stages` cannot run `grad_accum` micro-batches per update (each stage needs one in flight;
+    sharded, one stage at a time, any number will do)."""
+    if stages == 1 or grad_accum >= stages or sharded:
         return None
     return f"a pipeline of {stages} stages needs at least {stages} micro-batches per update, got {grad_accum}"
 

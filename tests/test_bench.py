@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from bench import loader
+from bench import ipu_cases, loader
 from bench.loader import generate_photos, write_dali_indexes
 from bench.precision import curves
 from data.config import SyntheticConfig
@@ -82,3 +82,17 @@ def test_precision_bench_prints_the_plot_curves_as_a_table():
         "    1        0.5000        0.2500",
         "    2        0.8000             -",
     ]
+
+
+def test_ipu_cases_bench_tables_sharded_pipelined_and_replicated_then_json(capsys):
+    ipu_cases.main(["--micro-batch", "2", "--grad-accum", "4", "--image-size", "64"])
+    lines = capsys.readouterr().out.strip().splitlines()
+    figures = json.loads(lines[-1])
+    assert list(figures) == [case.name for case in ipu_cases.CASES]
+    sharded, pipelined, replicated = figures["sharded"], figures["pipelined"], figures["replicated"]
+    assert sharded["busy_pct"] == 25.0 and replicated["busy_pct"] == 100.0  # one IPU of 4 at a time; no pipeline
+    assert sharded["busy_pct"] < pipelined["busy_pct"] < 100
+    assert len(sharded["cuts"]) == 3 and len(pipelined["cuts"]) == 3
+    assert sharded["img_s"] < pipelined["img_s"] < replicated["img_s"] and all(row["fits"] for row in figures.values())
+    assert figures["combined (4 x 4)"]["ipus"] == 16 and figures["combined (4 x 4)"]["cuts"] == pipelined["cuts"]
+    assert any(line.startswith("sharded ") for line in lines)

@@ -194,6 +194,21 @@ def test_pipeline_stages_cost_fill_and_drain():
     assert throughput == sorted(throughput, reverse=True)  # the same 16 IPUs, a longer bubble each time
 
 
+def test_a_sharded_step_is_the_sum_of_its_stages_with_the_other_ipus_idle():
+    pod16, grad_accum, stages = system("ipu_pod16"), 8, 4
+    profile = split(resnet50_profile(), stages)
+    sharded_shape = shape(4, grad_accum, sharded=True)
+    sharded = step_time(profile, pod16, sharded_shape, Constants())
+    each = [cost.stage_s(stage, pod16, sharded_shape, Constants()) for stage in profile.stages]
+    assert sharded.compute_s == pytest.approx(grad_accum * sum(each))
+    assert sharded.exchange_s == pytest.approx(grad_accum * 3 * 2 * 8e6 / pod16.chip.link_bandwidth)
+    assert sharded.busy == pytest.approx(1 / stages)  # one IPU of four at a time
+    piped = step_time(profile, pod16, shape(4, grad_accum), Constants())
+    assert piped.busy == pytest.approx(grad_accum / (grad_accum + stages - 1))
+    assert sharded.compute_s > piped.compute_s
+    assert step_time(profile, pod16, shape(4, 1, sharded=True), Constants()).compute_s == pytest.approx(sum(each))
+
+
 def test_host_feed_limit_binds_when_host_cores_are_few():
     pod16 = system("ipu_pod16")
     fed = step_time(resnet50_profile(), pod16, shape(16), Constants())

@@ -193,6 +193,29 @@ def test_grouped_pipeline_in_flight_micro_batches():
     assert in_flight(0, 4, grad_accum=4) == 4
 
 
+def test_sharded_stages_stash_one_micro_batch_each_so_hold_fewer_activations(model):
+    profile = profile_model(model, micro_batch=2, image_size=64, splits=["layer2", "layer3", "layer4"])
+    plans = {
+        sharded: plan_memory(
+            profile,
+            system("ipu_pod16").chip,
+            master_bytes=2,
+            optimizer_slots=1,
+            optimizer_state="on_chip",
+            grad_accum=8,
+            sharded=sharded,
+        )
+        for sharded in (False, True)
+    }
+    assert [row.micro_batches for row in plans[True].rows] == [1, 1, 1, 1]
+    assert [row.micro_batches for row in plans[False].rows] == [7, 5, 3, 1]
+    for sharded, piped in zip(plans[True].rows, plans[False].rows, strict=True):
+        assert sharded.activations_mb <= piped.activations_mb and sharded.weights_mb == piped.weights_mb
+    assert (
+        sum(row.activations_mb for row in plans[True].rows) < sum(row.activations_mb for row in plans[False].rows) / 3
+    )
+
+
 def test_mlperf_recipe_fits_a_gc200(at_224):
     """Graphcore's MLPerf v1.1 recipe: 20 images per micro-batch with recomputation on one IPU per replica."""
     plan = plan_memory(scaled(at_224["auto"], 20), system("ipu_pod16").chip, **MLPERF)

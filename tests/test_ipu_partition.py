@@ -55,16 +55,14 @@ def test_the_cut_points_are_where_one_tensor_crosses():
 
 
 @pytest.mark.parametrize("stages", [2, 3])
-def test_auto_fits_whenever_a_cut_fits_and_its_cycle_is_within_3_percent_of_the_best(stages):
+def test_auto_fits_whenever_a_cut_fits_and_its_time_is_within_3_percent_of_the_best(stages):
     model = small_resnet()
     plans = every_cut(model, stages)
     limit_mb = sorted(map(fullest_mb, plans.values()))[len(plans) // 2]  # about half of the cuts fit
     pod = system("ipu_pod16")
     tight = dataclasses.replace(pod, chip=dataclasses.replace(pod.chip, sram_bytes=limit_mb * MB))
     shape = LAYOUT.shape()
-    fitting = {
-        cuts: partition.cycle_s(p.profile, tight, shape) for cuts, p in plans.items() if fullest_mb(p) <= limit_mb
-    }
+    fitting = {cuts: partition.cut_s(p.profile, tight, shape) for cuts, p in plans.items() if fullest_mb(p) <= limit_mb}
     assert fitting and len(fitting) < len(plans)
     chosen = partition.choose(partition.probe_stretches(model, LAYOUT, tight), stages, LAYOUT, tight)
     assert fullest_mb(plans[chosen]) <= limit_mb
@@ -115,3 +113,8 @@ def test_auto_and_list_are_the_only_words_and_auto_needs_micro_batches_for_its_s
     assert "a pipeline of 4 stages needs at least 4 micro-batches" in config_error(*refused)
     with pytest.raises(ConfigError):
         composed("device=ipu_pod16", "device.pipeline_splits=auto", "device.ipus_per_replica=0")
+    said = config_error("device=ipu_pod16", "device.pipeline_mode=interleaved")
+    assert said == "device.pipeline_mode: 'interleaved' is not one of pipelined, sharded"
+    turns = ("device.pipeline_splits=[layer2,layer3]", "dist.grad_accum=1", "data.global_batch=8")
+    composed("device=ipu_pod16", "device.pipeline_mode=sharded", *turns)  # stages take turns: K may be below S
+    assert "a pipeline of 3 stages needs at least 3" in config_error("device=ipu_pod16", *turns)

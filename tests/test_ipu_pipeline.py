@@ -103,6 +103,16 @@ def test_the_schedule_keeps_every_dependency_and_stashes_what_the_memory_plan_co
         assert most == in_flight(s, stages, micro_batches)
 
 
+@pytest.mark.parametrize(("stages", "micro_batches"), [(2, 1), (3, 2), (4, 3)])
+def test_sharded_stages_take_turns_one_micro_batch_at_a_time(stages, micro_batches):
+    events = schedule(stages, micro_batches, sharded=True)  # fewer micro-batches than stages: no pipeline to fill
+    assert [e.cycle for e in events] == list(range(2 * stages * micro_batches))  # one IPU at work at a time
+    up = [(s, "forward") for s in range(stages)] + [(s, "backward") for s in reversed(range(stages))]
+    assert [(e.stage, e.kind) for e in events] == up * micro_batches
+    assert [e.micro_batch for e in events] == [m for m in range(micro_batches) for _ in up]
+    assert all(in_flight(s, stages, micro_batches, sharded=True) == 1 for s in range(stages))
+
+
 def test_in_the_main_phase_every_stage_runs_one_forward_and_one_backward_per_cycle():
     stages, micro_batches = 3, 8
     events = schedule(stages, micro_batches)
@@ -126,6 +136,8 @@ def test_pipelined_replicas_train_to_the_unpipelined_weights_and_statistics(bn_g
     expected = train(ipu_sim(net(), accum, (), bn_group=bn_group), shape)
     pipelined = train(ipu_sim(net(), accum, splits, bn_group=bn_group), shape)
     torch.testing.assert_close(pipelined, expected, rtol=0, atol=1e-12)
+    sharded = train(ipu_sim(net(), accum, splits, bn_group=bn_group, sharded=True), shape)
+    torch.testing.assert_close(sharded, expected, rtol=0, atol=1e-12)
 
 
 def test_the_gradients_are_armed_before_the_last_backward_only():

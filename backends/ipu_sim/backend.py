@@ -49,6 +49,7 @@ class IpuSimBackend(NativeBackend):
         bn_group: int = 1,
         clock: DeviceClock | None = None,
         pipeline_splits: Sequence[str] = (),
+        sharded: bool = False,
         **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
@@ -60,9 +61,10 @@ class IpuSimBackend(NativeBackend):
         policy = self.precision.policy
         self.stochastic_activations = policy.emulated and policy.stochastic_rounding
         self.steps = 0
-        self.pipeline = Pipeline(self.model, pipeline_splits) if pipeline_splits else None
+        self.pipeline = Pipeline(self.model, pipeline_splits, sharded) if pipeline_splits else None
         stages = len(self.pipeline.stages) if self.pipeline else 1
-        if why := bn_groups_misfit(bn_group, replicas) or pipeline_short_of_micro_batches(stages, self.grad_accum):
+        short = pipeline_short_of_micro_batches(stages, self.grad_accum, sharded)
+        if why := bn_groups_misfit(bn_group, replicas) or short:
             raise ValueError(why)
         self.replicas = replicas
         self.bn_group = bn_group
@@ -85,6 +87,7 @@ class IpuSimBackend(NativeBackend):
             bn_group=cfg.dist.bn_group_size,
             clock=clock,
             pipeline_splits=simulator.splits(cfg, facts.shape, model),
+            sharded=cfg.device.pipeline_mode == "sharded",
             **settings(cfg, facts),
         )
 

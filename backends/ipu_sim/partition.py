@@ -4,8 +4,9 @@ would put on the first IPU (device.pipeline_splits=list), and the cuts chosen fo
 
 The model is probed once, cut at every candidate point, so each stretch between two points has its own FLOPs,
 traffic, parameters and stashed activations. A stage is a run of stretches and costs their sum: the choice tries
-every way to cut the stretches into the stages (a few hundred for ResNet-50 on 4 IPUs) and keeps the fastest
-pipeline cycle (the slowest stage and the widest exchange between stages) whose memory plan fits every IPU.
+every way to cut the stretches into the stages (a few hundred for ResNet-50 on 4 IPUs) and keeps the fastest update
+compute and exchange (pipelined: cycles of the slowest stage; sharded: every stage in turn) whose memory plan fits
+every IPU.
 """
 
 from __future__ import annotations
@@ -67,15 +68,15 @@ def staged(stretches: Stretches, bounds: Sequence[int]) -> ModelProfile:
     return dataclasses.replace(stretches.profile, stages=stages)
 
 
-def cycle_s(profile: ModelProfile, system: System, shape: RunShape) -> float:
-    """One pipeline cycle: the slowest stage, then the widest exchange between stages."""
-    slowest = max(cost.stage_s(stage, system, shape, Constants()) for stage in profile.stages)
-    return slowest + cost.exchange_s(profile, system)
+def cut_s(profile: ModelProfile, system: System, shape: RunShape) -> float:
+    """What the cut decides of an update: its compute and the exchange between stages (pipelined, cycles of the
+    slowest stage and the widest exchange; sharded, every stage and boundary in turn)."""
+    return cost.compute_s(profile, system, shape, Constants()) + cost.exchanges_s(profile, system, shape)
 
 
 def choose(stretches: Stretches, stages: int, layout: Layout, system: System) -> tuple[str, ...]:
-    """The cuts into `stages` with the fastest cycle among those whose memory fits every IPU (the first in order
-    on a tie); NoFit, naming the least overflow and what would help, where none fits."""
+    """The cuts into `stages` with the fastest compute and exchange among those whose memory fits every IPU (the
+    first in order on a tie); NoFit, naming the least overflow and what would help, where none fits."""
     shape = layout.shape()
     candidates = range(1, len(stretches.profile.stages))
     best: tuple[float, tuple[int, ...]] | None = None
@@ -84,8 +85,8 @@ def choose(stretches: Stretches, stages: int, layout: Layout, system: System) ->
         profile = staged(stretches, bounds)
         memory = memory_plan(profile, layout, system.chip)
         if memory.fits:
-            cycle = cycle_s(profile, system, shape)
-            best = (cycle, bounds) if best is None or cycle < best[0] else best
+            seconds = cut_s(profile, system, shape)
+            best = (seconds, bounds) if best is None or seconds < best[0] else best
         else:
             over = max(row.excess_mb for row in memory.rows)
             least = (over, memory) if least is None or over < least[0] else least

@@ -13,8 +13,11 @@ Ramp-up fills the pipeline with forwards, in the main phase (cycles 2 (S - 1) to
 stage runs one forward and one backward per cycle, ramp-down drains the backwards. Stage s stashes the
 activations of 2 (S - 1 - s) + 1 micro-batches at most, as `memory.in_flight` counts.
 
-Each stage's parameters see their micro-batches' gradients in micro-batch order and each BatchNorm layer its
-micro-batches' forwards in micro-batch order, so the pipelined step computes the unpipelined step's numbers.
+Sharded (device.pipeline_mode=sharded), the stages take turns instead: each micro-batch goes forward through every
+stage and back before the next enters, one IPU busy at a time and one micro-batch's activations stashed per stage.
+
+Either way each stage's parameters see their micro-batches' gradients in micro-batch order and each BatchNorm layer
+its micro-batches' forwards in micro-batch order, so the step computes the unpipelined step's numbers.
 """
 
 from __future__ import annotations
@@ -40,11 +43,16 @@ class Event(NamedTuple):
     micro_batch: int
 
 
-def schedule(stages: int, micro_batches: int) -> list[Event]:
+def schedule(stages: int, micro_batches: int, sharded: bool = False) -> list[Event]:
     """The grouped pipeline's events in execution order: by cycle, then stage, a stage's forward before its
-    backward (the last stage runs a micro-batch's backward right after its forward, in the same cycle)."""
-    if why := pipeline_short_of_micro_batches(stages, micro_batches):
+    backward (the last stage runs a micro-batch's backward right after its forward, in the same cycle). Sharded,
+    one event a cycle: each micro-batch's forwards up the stages, then its backwards down."""
+    if why := pipeline_short_of_micro_batches(stages, micro_batches, sharded):
         raise ValueError(why)
+    if sharded:
+        turns = [(s, "forward") for s in range(stages)] + [(s, "backward") for s in reversed(range(stages))]
+        order = [(m, s, kind) for m in range(micro_batches) for s, kind in turns]
+        return [Event(cycle, s, kind, m) for cycle, (m, s, kind) in enumerate(order)]
     last = stages - 1
     events = [
         event
@@ -146,10 +154,12 @@ def _passed_on(part: list[fx.Node], end: str) -> fx.Node:
 
 
 class Pipeline:
-    """A model cut into pipeline stages, running one replica's passes through them in the grouped schedule."""
+    """A model cut into pipeline stages, running one replica's passes through them in the grouped schedule, or
+    sharded: one stage at a time."""
 
-    def __init__(self, model: nn.Module, splits: Sequence[str]) -> None:
+    def __init__(self, model: nn.Module, splits: Sequence[str], sharded: bool = False) -> None:
         self.stages = cut(model, splits)
+        self.sharded = sharded
 
     def run(
         self, passes: Sequence[Pass], forward: Forward, objective: Objective, before_last_backward: Callable[[], None]
@@ -157,7 +167,7 @@ class Pipeline:
         """Every pass's stage forwards and backwards in schedule order, each stage forward inside its pass's scope;
         returns the passes' losses in pass order. `before_last_backward` runs before the last event."""
         flight = _Flight(self.stages, passes, forward, objective)
-        events = schedule(len(self.stages), len(passes))
+        events = schedule(len(self.stages), len(passes), self.sharded)
         for i, event in enumerate(events, 1):
             if i == len(events):
                 before_last_backward()

@@ -38,6 +38,7 @@ def layout(cfg: Config, shape: BatchShape, splits: tuple[str, ...] = ()) -> Layo
         compute=cfg.precision.compute,
         master=cfg.precision.master,
         merged_allreduce=cfg.dist.bucket_mb is None,
+        sharded=device.pipeline_mode == "sharded",
     )
 
 
@@ -90,8 +91,9 @@ def cut_table(cfg: Config, shape: BatchShape, classes: int) -> str:
 
 def plan(cfg: Config, shape: BatchShape, model: nn.Module) -> Plan:
     """Probe one micro-batch of `model` on the host and plan each IPU's memory."""
+    cuts = splits(cfg, shape, model)
     try:
-        return plan_run(model, layout(cfg, shape, splits(cfg, shape, model)), system_of(cfg).chip)
+        return plan_run(model, layout(cfg, shape, cuts), system_of(cfg).chip)
     except ValueError as err:  # a split or recomputation checkpoint the model does not run
         raise ConfigError("device", str(err)) from err
 

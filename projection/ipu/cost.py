@@ -33,6 +33,7 @@ class RunShape:
     fp32_master: bool = False  # fp32 master weights and momentum (16.32); False: stored at the compute dtype
     merged_allreduce: bool = True  # one collective for all gradients; False: one per gradient tensor
     optimizer_in_streaming: bool = False  # momentum lives in streaming memory (off-chip DDR)
+    sharded: bool = False  # the stages take turns (one IPU busy at a time) instead of pipelining
 
     @property
     def global_batch(self) -> int:
@@ -79,6 +80,8 @@ class StepTime:
     sync_s: float  # the system-wide syncs that separate accumulation, collective and update
     host_sync_s: float  # this step's share of a host round trip
     host_feed_s: float  # the host decoding and sending this step's images
+    busy: float = 1.0  # the share of the replica's IPUs at work during the compute: idle ones fill or drain the
+    # pipeline, or wait their turn when sharded
 
     @property
     def device_s(self) -> float:
@@ -118,7 +121,7 @@ def validate(profile: ModelProfile, system: System, shape: RunShape) -> None:
             f"{shape.replicas} replicas x {stages} IPUs per replica = {shape.replicas * stages} IPUs, "
             f"but {system.name} has {system.ipus}"
         )
-    if shape.grad_accum < stages:
+    if shape.grad_accum < stages and not shape.sharded:
         raise ValueError(f"gradient accumulation {shape.grad_accum} is below the {stages} pipeline stages")
     if shape.micro_batch != profile.micro_batch:
         raise ValueError(f"micro-batch {shape.micro_batch}, but the profile was measured at {profile.micro_batch}")
@@ -146,6 +149,29 @@ def exchange_s(profile: ModelProfile, system: System) -> float:
     """Per cycle, the widest stage boundary's activation goes forward and its gradient comes back (none for one
     stage: the last stage sends nothing)."""
     return max(2 * stage.output_bytes for stage in profile.stages) / system.chip.link_bandwidth
+
+
+def compute_s(profile: ModelProfile, system: System, shape: RunShape, constants: Constants) -> float:
+    """The update's micro-batches through the stages: pipelined, (K + S - 1) cycles of the slowest stage; sharded,
+    every stage in turn for each of the K micro-batches, the other IPUs idle."""
+    times = [stage_s(stage, system, shape, constants) for stage in profile.stages]
+    if shape.sharded:
+        return shape.grad_accum * sum(times)
+    return pipeline_cycles(len(times), shape.grad_accum) * max(times)
+
+
+def exchanges_s(profile: ModelProfile, system: System, shape: RunShape) -> float:
+    """Activations and their gradients between stages in an update: pipelined, the widest boundary each cycle;
+    sharded, each boundary in turn for each micro-batch."""
+    if shape.sharded:
+        return shape.grad_accum * sum(2 * stage.output_bytes for stage in profile.stages) / system.chip.link_bandwidth
+    return pipeline_cycles(len(profile.stages), shape.grad_accum) * exchange_s(profile, system)
+
+
+def utilisation(profile: ModelProfile, system: System, shape: RunShape, constants: Constants) -> float:
+    """The share of the replica's IPU time in the update's compute that its stages are busy."""
+    busy = shape.grad_accum * sum(stage_s(stage, system, shape, constants) for stage in profile.stages)
+    return busy / (len(profile.stages) * compute_s(profile, system, shape, constants))
 
 
 def ring_allreduce_s(nbytes: float, ranks: int, bandwidth: float, latency_s: float, collectives: int) -> float:
@@ -250,17 +276,16 @@ def host_feed_s(profile: ModelProfile, system: System, shape: RunShape, constant
 def step_time(profile: ModelProfile, system: System, shape: RunShape, constants: Constants) -> StepTime:
     """One weight update on every replica at once."""
     validate(profile, system, shape)
-    stages = len(profile.stages)
-    cycles = pipeline_cycles(stages, shape.grad_accum)
     return StepTime(
-        compute_s=cycles * max(stage_s(stage, system, shape, constants) for stage in profile.stages),
-        exchange_s=cycles * exchange_s(profile, system),
+        compute_s=compute_s(profile, system, shape, constants),
+        exchange_s=exchanges_s(profile, system, shape),
         allreduce_s=allreduce_s(profile, system, shape, constants),
         gateway_s=gateway_s(profile, system, shape, constants),
         update_s=update_s(profile, system, shape, constants),
         sync_s=sync_s(profile, system, shape, constants),
         host_sync_s=host_call_s(shape, constants) / shape.device_iterations,
         host_feed_s=host_feed_s(profile, system, shape, constants),
+        busy=utilisation(profile, system, shape, constants),
     )
 
 
@@ -429,8 +454,13 @@ def project(
 def report(projection: Projection, shape: RunShape, stages: int, epochs: float) -> str:
     """The step-time breakdown and the projected run, as run.mode=project prints them."""
     step = projection.step
+    how = (
+        f"{shape.grad_accum} x {stages} stages in turn"
+        if shape.sharded
+        else f"{pipeline_cycles(stages, shape.grad_accum)} pipeline cycles"
+    )
     terms = {
-        f"compute ({pipeline_cycles(stages, shape.grad_accum)} pipeline cycles)": step.compute_s,
+        f"compute ({how})": step.compute_s,
         "exchange between stages": step.exchange_s,
         "all-reduce within POD64s (IPU-Links)": step.allreduce_s,
         "all-reduce across POD64s (gateways)": step.gateway_s,
@@ -442,6 +472,9 @@ def report(projection: Projection, shape: RunShape, stages: int, epochs: float) 
     lines = [f"step time of one weight update ({batch}), ms"]
     lines += [f"  {name:<40}{1e3 * seconds:>10.3f}" for name, seconds in terms.items()]
     lines.append(f"  {'device, total':<40}{1e3 * step.device_s:>10.3f}")
+    if stages > 1:
+        busy = 100 * step.busy
+        lines.append(f"  the replica's {stages} IPUs busy in its compute: {busy:.0f} % ({100 - busy:.0f} % idle)")
     lines.append(f"  {'host feed (decode and send, overlapped)':<40}{1e3 * step.host_feed_s:>10.3f}")
     bound = "device" if step.device_s >= step.host_feed_s else "host feed"
     checkpoints = projection.training_s - epochs * projection.steady_epoch_s

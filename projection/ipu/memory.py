@@ -95,20 +95,29 @@ class MemoryPlan:
             raise OutOfMemory(f"IPU out of memory\n{self.table()}\n{self.suggestion()}")
 
 
-def in_flight(stage: int, stages: int, grad_accum: int) -> int:
+def in_flight(stage: int, stages: int, grad_accum: int, sharded: bool = False) -> int:
     """Micro-batches whose activations stage `stage` of `stages` stashes at once in Graphcore's grouped pipeline:
     a micro-batch's backward reaches stage i 2 (S - 1 - i) steps after its forward, and every step runs one forward
     first, so 2 (S - 1 - i) + 1 (1 on the last stage, which runs forward and backward back to back), and never
-    more than the micro-batches of a weight update."""
+    more than the micro-batches of a weight update. Sharded, one: a micro-batch's backward ends before the next
+    enters."""
+    if sharded:
+        return 1
     return min(grad_accum, 2 * (stages - 1 - stage) + 1)
 
 
 def _row(
-    profile: ModelProfile, index: int, chip: Chip, masters: int, slot_bytes: int, accum: int, code_bytes: float
+    profile: ModelProfile,
+    index: int,
+    chip: Chip,
+    masters: int,
+    slot_bytes: int,
+    accum: int,
+    code_bytes: float,
+    flight: int,
 ) -> IpuMemory:
     stage = profile.stages[index]
     params, dtype = stage.param_count, profile.activation_dtype_bytes
-    flight = in_flight(index, len(profile.stages), accum)
     return IpuMemory(
         name=f"ipu{index} ({stage.first_module})",
         micro_batches=flight,
@@ -131,17 +140,29 @@ def plan_memory(
     optimizer_slots: int,
     optimizer_state: str,
     grad_accum: int,
+    sharded: bool = False,
     code_bytes: float = CODE_AND_EXCHANGE_BYTES,
 ) -> MemoryPlan:
     """The memory of each IPU of one replica (one IPU per stage of `profile`). `master_bytes` is the master
     weights' width (4 for fp32, 2 for 16-bit), `optimizer_slots` the state tensors per weight at that width
-    (1 for SGD or LARS momentum), kept "on_chip" or in "streaming" memory (off chip: none of the 900 MB)."""
+    (1 for SGD or LARS momentum), kept "on_chip" or in "streaming" memory (off chip: none of the 900 MB);
+    `sharded` stages stash one micro-batch each."""
     if optimizer_state not in OPTIMIZER_STATES:
         raise ValueError(f"optimizer_state must be one of {', '.join(OPTIMIZER_STATES)}, not {optimizer_state!r}")
     slot_bytes = optimizer_slots * master_bytes if optimizer_state == "on_chip" else 0
+    stages = len(profile.stages)
     rows = tuple(
-        _row(profile, index, chip, master_bytes, slot_bytes, grad_accum, code_bytes)
-        for index in range(len(profile.stages))
+        _row(
+            profile,
+            i,
+            chip,
+            master_bytes,
+            slot_bytes,
+            grad_accum,
+            code_bytes,
+            in_flight(i, stages, grad_accum, sharded),
+        )
+        for i in range(stages)
     )
     recompute = any(stage.recompute_peak_bytes for stage in profile.stages)
     return MemoryPlan(rows, chip.name, recompute)

@@ -35,6 +35,7 @@ class Layout:
     compute: str = "fp16"
     master: str = "fp16"
     merged_allreduce: bool = True
+    sharded: bool = False  # the stages take turns instead of pipelining
 
     @property
     def global_batch(self) -> int:
@@ -57,6 +58,7 @@ class Layout:
             fp32_master=self.master == "fp32",
             merged_allreduce=self.merged_allreduce,
             optimizer_in_streaming=self.optimizer_state == "streaming",
+            sharded=self.sharded,
         )
 
 
@@ -91,4 +93,5 @@ def memory_plan(profile: ModelProfile, layout: Layout, chip: Chip) -> MemoryPlan
         optimizer_slots=OPTIMIZER_SLOTS,
         optimizer_state=layout.optimizer_state,
         grad_accum=layout.grad_accum,
+        sharded=layout.sharded,
     )
