@@ -189,3 +189,15 @@ def test_the_smoke_task_trains_on_4_replicas_in_device_time_and_its_log_passes_t
     assert 0 < events["run_stop"]["time_ms"] - events["run_start"]["time_ms"] < 1000 * wall_s / 10
     assert system("ipu_pod16").name in events["submission_platform"]["value"]
     assert events["model_bn_span"]["value"] == 16 // 4 * 2  # micro-batch 4, BatchNorm over 2 replicas
+
+
+@pytest.mark.slow
+@pytest.mark.convergence
+def test_the_smoke_task_trains_cut_where_auto_chose_and_its_log_passes_the_checker(cache_dir, tmp_path):
+    pipelined = ("device.replicas=2", "device.pipeline_splits=auto", "device.ipus_per_replica=2", "dist.grad_accum=2")
+    result = run_train("experiment=smoke", "device=ipu_pod16", *pipelined, f"hydra.run.dir={tmp_path}", cache=cache_dir)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "device.pipeline_splits=auto cut 2 stages at: [" in result.stdout
+    record_margin("smoke lars, 2 simulated replicas of 2 auto-cut stages", tmp_path / "mlperf.log", max_epochs=10)
+    assert "run_stop status success" in result.stdout
+    assert_compliant(tmp_path / "mlperf.log")
