@@ -68,12 +68,11 @@ def splits(cfg: Config, shape: BatchShape, model: nn.Module) -> tuple[str, ...]:
     given = explicit_splits(cfg.device)
     if given is not None:
         return tuple(given)
-    key = repr((cfg.device, cfg.data.image_size, cfg.precision, shape))
+    key = repr((cfg.device, cfg.data, cfg.precision, shape))  # all that the cuts depend on
     if key not in CHOSEN:
-        stages = pipeline_stages(cfg.device)
-        stretches = partition.probe_stretches(model, layout(cfg, shape), system_of(cfg))
+        stages, uncut, system = pipeline_stages(cfg.device), layout(cfg, shape), system_of(cfg)
         try:
-            CHOSEN[key] = partition.choose(stretches, stages, layout(cfg, shape), system_of(cfg))
+            CHOSEN[key] = partition.choose(partition.probe_stretches(model, uncut, system), stages, uncut, system)
         except partition.NoFit as err:
             raise ConfigError("device.pipeline_splits", str(err)) from err
         pinned = ",".join(CHOSEN[key])
@@ -85,8 +84,8 @@ def splits(cfg: Config, shape: BatchShape, model: nn.Module) -> tuple[str, ...]:
 
 def cut_table(cfg: Config, shape: BatchShape, classes: int) -> str:
     """device.pipeline_splits=list: every place the model can be cut, with what the first IPU would hold."""
-    model, system = build_model(cfg, classes), system_of(cfg)
-    return partition.cut_table(partition.probe_stretches(model, layout(cfg, shape), system), layout(cfg, shape), system)
+    model, uncut, system = build_model(cfg, classes), layout(cfg, shape), system_of(cfg)
+    return partition.cut_table(partition.probe_stretches(model, uncut, system), uncut, system)
 
 
 def plan(cfg: Config, shape: BatchShape, model: nn.Module) -> Plan:
