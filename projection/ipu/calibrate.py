@@ -2,7 +2,7 @@
 
 The in-sample systems are Graphcore's v1.1 IPU-POD16, POD64 and POD128; their result logs
 (mlcommons/training_results_v1.1, Graphcore/results/ipu-pod{16,64,128}-TF1/resnet/result_0..4.txt) time every epoch
-and evaluation. Fitted, in closed form or by bisection, each to what only it explains:
+and evaluation. Fitted, in closed form, each to what only it explains:
   compute_efficiency  <- POD16's steady epoch (10 micro-batches per update) against POD64's (3): the per-micro-batch
   update_overhead_s   <- cost and the per-update cost; every other term of the step is modelled or assumed
   gateway_efficiency  <- POD128's steady epoch: the only in-sample system that spans POD64s
@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cache, partial
@@ -118,7 +117,7 @@ def target_s(published: Published) -> float:
 
 def fit_step(profile: ModelProfile, systems: Mapping[str, System], assumed: Constants) -> Constants | None:
     """compute_efficiency and update_overhead_s from POD16 and POD64 in closed form (the step is linear in
-    1/efficiency and in the overhead while compute-bound), then gateway_efficiency from POD128 by bisection.
+    1/efficiency and in the overhead while compute-bound), then gateway_efficiency from POD128 (linear in its inverse).
     None where the assumed constants leave no physical fit (efficiency outside (0, 1], a negative overhead)."""
 
     def at(published: Published, inverse_efficiency: float, overhead: float) -> float:
@@ -143,19 +142,19 @@ def fit_step(profile: ModelProfile, systems: Mapping[str, System], assumed: Cons
 
 
 def fit_gateway(profile: ModelProfile, system: System, constants: Constants) -> float | None:
-    """The GW-Link efficiency at which POD128's update takes its logged time (bisection in log space); None where
-    even line rate is too slow or no efficiency above 1e-4 slows it enough."""
+    """The GW-Link efficiency at which POD128's update takes its logged time, in closed form: the update is
+    linear in 1 / efficiency (only the cross-POD phase's bandwidth term depends on it). None outside 1e-4 to 1:
+    even line rate too slow, or no efficiency above 1e-4 slows it enough."""
 
-    def update(efficiency: float) -> float:
-        return per_update_s(profile, system, POD128, dataclasses.replace(constants, gateway_efficiency=efficiency))
+    def update(inverse: float) -> float:
+        efficiency = dataclasses.replace(constants, gateway_efficiency=1 / inverse)
+        return per_update_s(profile, system, POD128, efficiency)
 
-    low, high, target = 1e-4, 1.0, target_s(POD128)
-    if not update(high) <= target <= update(low):
+    at_line_rate, slope = update(1.0), update(2.0) - update(1.0)
+    if slope <= 0:
         return None
-    for _ in range(60):
-        middle = math.sqrt(low * high)
-        low, high = (middle, high) if update(middle) > target else (low, middle)
-    return high
+    inverse = 1 + (target_s(POD128) - at_line_rate) / slope
+    return 1 / inverse if 1.0 <= inverse <= 1e4 else None
 
 
 def fit_eval_overhead(profile: ModelProfile, systems: Mapping[str, System], constants: Constants) -> float:
