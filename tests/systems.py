@@ -6,11 +6,8 @@ from __future__ import annotations
 from functools import cache
 
 from projection.ipu import calibrate
-from projection.profile import ModelProfile
 
 system = cache(calibrate.load_system)  # system("ipu_pod16") -> System
 
 
-@cache
-def resnet50_profile() -> ModelProfile:
-    return calibrate.resnet50_profile(system("ipu_pod16"))
+resnet50_profile = calibrate.resnet50_profile  # probed once per process

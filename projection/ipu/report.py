@@ -21,7 +21,7 @@ def project(planned: Plan, system: System, schedule: Schedule) -> str:
     range the assumed constants allow, each corner refitted to the in-sample results as the central value is, and
     how far the run reaches beyond them; last, one JSON line."""
     systems = calibrate.in_sample_systems()
-    refit = calibrate.refitter(calibrate.resnet50_profile(systems[calibrate.POD16.system]), systems)
+    refit = calibrate.refitter(calibrate.resnet50_profile(), systems)
     shape = planned.layout.shape(schedule.train_images)
 
     def at(constants: Constants) -> Projection:
