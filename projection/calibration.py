@@ -5,7 +5,9 @@ against a published figure."""
 from __future__ import annotations
 
 import contextlib
+import json
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 from hydra import compose, initialize_config_module
 from hydra.core.global_hydra import GlobalHydra
@@ -13,7 +15,7 @@ from omegaconf import OmegaConf
 
 from backends.config import DeviceConfig
 from configs.schema import register
-from projection.uncertainty import Assumption, C, Refit, corners, describe
+from projection.uncertainty import FIXED, Assumption, C, Interval, P, Refit, column, corners, describe, figures
 
 
 def device_section(name: str) -> DeviceConfig:
@@ -30,6 +32,38 @@ def device_section(name: str) -> DeviceConfig:
 def error(projected: float, published: float) -> float:
     """Relative error of a projection, in percent."""
     return 100 * (projected / published - 1)
+
+
+@dataclass(frozen=True)
+class Compared:
+    """An in-sample projection beside its published figures, as a calibration's table prints it."""
+
+    rates: str  # the throughput range in a narrow column ("fixed" where no assumption moves it)
+    minutes: str  # the time-to-train range, likewise
+    throughput_error_pct: float
+    time_to_train_error_pct: float
+    summary: dict[str, object]  # its entry in the calibration's JSON line
+
+
+def compared(spread: Interval[P], throughput_img_s: float, time_to_train_min: float) -> Compared:
+    throughput_error = error(spread.central.throughput_img_s, throughput_img_s)
+    ttt_error = error(spread.central.time_to_train_min, time_to_train_min)
+    return Compared(
+        column(*spread.throughput_img_s, "{:,.0f}".format),
+        column(*spread.time_to_train_min, "{:.3f}".format),
+        throughput_error,
+        ttt_error,
+        figures(spread)
+        | {"throughput_error_pct": round(throughput_error, 2), "time_to_train_error_pct": round(ttt_error, 2)},
+    )
+
+
+def print_table_end(rows: list[Compared], what_throughput_is: str, summary: dict[str, object]) -> None:
+    """Under a calibration's table: what its throughput is, what "fixed" means where a row says it, the JSON."""
+    print(f"(throughput is MLPerf's{what_throughput_is})")
+    if any("fixed" in (row.rates, row.minutes) for row in rows):
+        print(f"({FIXED})")
+    print(json.dumps(summary))
 
 
 def fitted_ranges(

@@ -50,8 +50,8 @@ def test_the_fitted_constants_are_physical_and_every_run_gpu_bound(fitted):
     assert 0 < central.step_floor_s < 0.01 and central.eval_image_factor > 0 and central.eval_overhead_s >= 0
     assert calibrate.device_bound(profile, clusters, central)
     ranges = fitted_ranges(refit, central, calibrate.ASSUMPTIONS, calibrate.FITTED)
-    for name, (low, high) in ranges.items():
-        assert low <= getattr(central, name) <= high, name
+    low, high = ranges["compute_efficiency"]  # the assumptions the in-sample systems do not pin move the fit
+    assert 0 < low < central.compute_efficiency < high <= 1
 
 
 def test_default_constants_are_the_calibrated_ones(fitted):
@@ -110,7 +110,8 @@ def test_every_gpu_cluster_projects_with_the_ipu_reports_keys(device):
     keys = {"throughput_img_s", "throughput_img_s_range", "time_to_train_min", "time_to_train_min_range"}
     assert keys | {"epoch_s", "most_sensitive", "beyond_calibration"} <= figures.keys()
     low, high = figures["time_to_train_min_range"]
-    assert low <= figures["time_to_train_min"] <= high
+    assert low < figures["time_to_train_min"] < high  # the assumptions move every cluster's time to train
+    assert bool(figures["beyond_calibration"]) == (device in ("dgx_h200", "pcie_l40s"))  # their GPUs are not fitted
     assert "MLPerf's reference convergence point for global batch 3,264" in text
     for term in ("all-reduce within each node", "all-reduce across nodes", "optimizer (LARS)", "host feed"):
         assert term in text

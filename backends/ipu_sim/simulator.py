@@ -48,12 +48,13 @@ def build_model(cfg: Config, classes: int) -> nn.Module:
     norm = batchnorm(cfg.model.bn_momentum, cfg.model.bn_eps)
     model = build_resnet50(classes, norm, cfg.model.zero_init_residual, cfg.device.channels_last)
     modules = dict(model.named_modules())
-    for name in explicit_splits(cfg.device) or []:
+    given = explicit_splits(cfg.device) or []
+    for name in given:
         if name not in modules:
             examples = ", ".join([*list(modules)[1:4], "layer2", "layer3.2"])
             raise ConfigError("device.pipeline_splits", f"{name!r} is not a module of the model (e.g. {examples})")
     try:
-        pipeline.cut(model, explicit_splits(cfg.device) or [])
+        pipeline.cut(model, given)
     except ValueError as err:  # e.g. a cut inside a residual block, where two tensors cross
         raise ConfigError("device.pipeline_splits", str(err)) from err
     return model

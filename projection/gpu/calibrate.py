@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cache, partial
@@ -30,14 +29,14 @@ from functools import cache, partial
 import numpy as np
 
 from models import batchnorm, build_resnet50
-from projection.calibration import constants_table, device_section, error
+from projection.calibration import compared, constants_table, device_section, print_table_end
 from projection.gpu import cost
 from projection.gpu.config import Cluster
 from projection.gpu.cost import Constants, Layout, Projection
 from projection.probe import profile_model
 from projection.profile import ModelProfile
 from projection.run import Schedule
-from projection.uncertainty import FIXED, Assumption, Interval, Refit, column, figures, interval
+from projection.uncertainty import Assumption, Interval, Refit, interval
 
 
 @dataclass(frozen=True)
@@ -125,7 +124,8 @@ def load_cluster(name: str) -> Cluster:
 
 
 def in_sample_clusters() -> dict[str, Cluster]:
-    return {published.device: load_cluster(published.device) for published in IN_SAMPLE}
+    """Each in-sample device's cluster, composed once."""
+    return {device: load_cluster(device) for device in dict.fromkeys(p.device for p in IN_SAMPLE)}
 
 
 def target_s(published: Published) -> float:
@@ -257,30 +257,21 @@ def print_calibration(
     print(f"{'system':<27} {'N x G x b':>10} {'img/s':>10} {'range':>21} {'published':>10} {'error':>7}", end="")
     print(f" {'TTT min':>8} {'range':>13} {'published':>10} {'error':>7}")
     summary: dict[str, object] = {name: getattr(central, name) for name in FITTED}
-    fixed = False
+    rows = []
     for published in IN_SAMPLE:
         spread = in_sample_interval(profile, clusters, published, central, refit)
         projection, layout = spread.central, published.layout
-        throughput_error = error(projection.throughput_img_s, published.throughput_img_s)
-        ttt_error = error(projection.time_to_train_min, published.time_to_train_min)
-        rates = column(*spread.throughput_img_s, "{:,.0f}".format)
-        minutes = column(*spread.time_to_train_min, "{:.3f}".format)
-        fixed |= "fixed" in (rates, minutes)
+        row = compared(spread, published.throughput_img_s, published.time_to_train_min)
         print(
             f"{published.system:<27} {f'{layout.nodes}x{layout.gpus_per_node}x{layout.batch}':>10}"
-            f" {projection.throughput_img_s:>10,.0f} {rates:>21}"
-            f" {published.throughput_img_s:>10,.0f} {throughput_error:>+6.1f}%"
-            f" {projection.time_to_train_min:>8.3f} {minutes:>13}"
-            f" {published.time_to_train_min:>10.3f} {ttt_error:>+6.1f}%"
+            f" {projection.throughput_img_s:>10,.0f} {row.rates:>21}"
+            f" {published.throughput_img_s:>10,.0f} {row.throughput_error_pct:>+6.1f}%"
+            f" {projection.time_to_train_min:>8.3f} {row.minutes:>13}"
+            f" {published.time_to_train_min:>10.3f} {row.time_to_train_error_pct:>+6.1f}%"
         )
-        summary[published.system] = figures(spread) | {
-            "throughput_error_pct": round(throughput_error, 2),
-            "time_to_train_error_pct": round(ttt_error, 2),
-        }
-    print("(throughput is MLPerf's as the logs give it: a steady block of 4 epochs and its evaluation)")
-    if fixed:
-        print(f"({FIXED})")
-    print(json.dumps(summary))
+        rows.append(row)
+        summary[published.system] = row.summary
+    print_table_end(rows, " as the logs give it: a steady block of 4 epochs and its evaluation", summary)
 
 
 def main(argv: list[str] | None = None) -> None:

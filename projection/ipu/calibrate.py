@@ -26,7 +26,7 @@ from functools import cache, partial
 
 from backends.ipu_sim.config import System
 from models import batchnorm, build_resnet50
-from projection.calibration import constants_table, device_section, error
+from projection.calibration import compared, constants_table, device_section, print_table_end
 from projection.ipu.assumptions import ASSUMPTIONS
 from projection.ipu.cost import (
     Constants,
@@ -218,33 +218,24 @@ def print_calibration(
     print(f"{'system':<10} {'b x K x R':>10} {'img/s':>9} {'range':>17} {'published':>10} {'error':>7}", end="")
     print(f" {'TTT min':>8} {'range':>15} {'published':>10} {'error':>7} {'steady epoch s':>15}")
     summary: dict[str, object] = {name: getattr(constants, name) for name in FITTED}
-    fixed = False
+    rows = []
     for published in IN_SAMPLE:
         system = systems[published.system]
         spread = interval(partial(project_published, profile, system, published), refit, constants, ASSUMPTIONS)
-        projection = spread.central
-        throughput_error = error(projection.throughput_img_s, published.throughput_img_s)
-        ttt_error = error(projection.time_to_train_min, published.time_to_train_min)
-        shape = published.shape
-        rates = column(*spread.throughput_img_s, "{:,.0f}".format)
-        minutes = column(*spread.time_to_train_min, "{:.3f}".format)
-        fixed |= "fixed" in (rates, minutes)
+        projection, shape = spread.central, published.shape
+        row = compared(spread, published.throughput_img_s, published.time_to_train_min)
         print(
             f"{published.system:<10} {f'{shape.micro_batch}x{shape.grad_accum}x{shape.replicas}':>10}"
-            f" {projection.throughput_img_s:>9,.0f} {rates:>17}"
-            f" {published.throughput_img_s:>10,.0f} {throughput_error:>+6.1f}%"
-            f" {projection.time_to_train_min:>8.3f} {minutes:>15}"
-            f" {published.time_to_train_min:>10.3f} {ttt_error:>+6.1f}%"
+            f" {projection.throughput_img_s:>9,.0f} {row.rates:>17}"
+            f" {published.throughput_img_s:>10,.0f} {row.throughput_error_pct:>+6.1f}%"
+            f" {projection.time_to_train_min:>8.3f} {row.minutes:>15}"
+            f" {published.time_to_train_min:>10.3f} {row.time_to_train_error_pct:>+6.1f}%"
             f" {f'{projection.steady_epoch_s:.3f} / {published.steady_epoch_s:.3f}':>15}"
         )
-        summary[published.system] = figures(spread) | {
-            "throughput_error_pct": round(throughput_error, 2),
-            "time_to_train_error_pct": round(ttt_error, 2),
-        }
-    print("(throughput is MLPerf's: 1,281,167 images over the median logged epoch; the fit matches the steady one)")
-    if fixed:
-        print(f"({FIXED})")
-    print(json.dumps(summary))
+        rows.append(row)
+        summary[published.system] = row.summary
+    note = ": 1,281,167 images over the median logged epoch; the fit matches the steady one"
+    print_table_end(rows, note, summary)
 
 
 def recipe_schedule(system: System, epochs: int) -> Schedule:

@@ -80,7 +80,7 @@ class StepTime:
     sync_s: float  # the system-wide syncs that separate accumulation, collective and update
     host_sync_s: float  # this step's share of a host round trip
     host_feed_s: float  # the host decoding and sending this step's images
-    busy: float = 1.0  # the share of the replica's IPUs at work during the compute: idle ones fill or drain the
+    busy: float  # the share of the replica's IPUs at work during the compute: idle ones fill or drain the
     # pipeline, or wait their turn when sharded
 
     @property
