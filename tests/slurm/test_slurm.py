@@ -90,6 +90,7 @@ def test_a_hydra_launcher_job_warned_before_its_time_limit_requeues_itself_and_r
     assert_same_run(whole_run, run_dir)
 
 
+@pytest.mark.slow  # make test keeps Optuna's sweep through train.py (tests/test_sweeps.py) and the launcher's job
 def test_an_optuna_sweep_over_slurm_gets_each_trials_time_to_train(slurm, cache_dir, tmp_path):
     study = f"sqlite:///{tmp_path}/ttt.db"
     command = [
