@@ -11,6 +11,10 @@ from configs.schema import batch_shape
 from tests.conftest import REPO, composed
 
 GUIDES = ("README.md", "docs/data.md", "docs/gpu.md")
+# Config folders that are not groups a user picks: a device option composes its IPU chip or its GPU from them.
+NOT_GROUPS = ("device/chip", "device/gpu")
+FENCED = re.compile(r"^(```|~~~).*?^\1", re.MULTILINE | re.DOTALL)
+LINK = re.compile(r"(?<!!)\[[^\]]*\]\(([^)\s]+)\)")
 
 
 def train_commands(page: str) -> list[list[str]]:
@@ -74,3 +78,69 @@ def test_no_tracked_file_names_a_machine_path_or_a_file_outside_the_clone():
             continue
         found += [f"{name}: {needle}" for needle in ("/work/", "../shared") if needle in text]
     assert found == []
+
+
+def test_running_md_names_every_option_of_every_config_group():
+    """docs/running.md's Configuration lists each group's options: a new device or experiment joins the list."""
+    page = (REPO / "docs/running.md").read_text()
+    configs = REPO / "configs"
+    options = [path.relative_to(configs) for path in sorted(configs.glob("*/**/*.yaml"))]
+    missing = [
+        f"{option.parent}={option.stem}"
+        for option in options
+        if str(option.parent) not in NOT_GROUPS and f"`{option.stem}`" not in page
+    ]
+    assert len(options) > 30 and missing == []
+
+
+def github_anchor(heading: str) -> str:
+    """The #anchor GitHub gives a heading: link text kept, lower case, punctuation dropped, spaces to hyphens."""
+    text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", heading).strip().lower()
+    return re.sub(r"[^\w\- ]", "", text).replace(" ", "-")
+
+
+def anchors(page: Path) -> set[str]:
+    """Every heading's anchor outside code blocks, a repeated one numbered as GitHub numbers it (-1, -2, ...)."""
+    seen: dict[str, int] = {}
+    found = set()
+    for heading in re.findall(r"^#{1,6}\s+(.+?)\s*#*\s*$", FENCED.sub("", page.read_text()), re.MULTILINE):
+        anchor = github_anchor(heading)
+        found.add(f"{anchor}-{seen[anchor]}" if anchor in seen else anchor)
+        seen[anchor] = seen.get(anchor, 0) + 1
+    return found
+
+
+def test_github_anchors_follow_githubs_rule():
+    assert github_anchor("Against the fastest peer: `python -m bench.loader`") == (
+        "against-the-fastest-peer-python--m-benchloader"
+    )
+    assert github_anchor("bench.trace: what the eager bf16 step allocates and casts") == (
+        "benchtrace-what-the-eager-bf16-step-allocates-and-casts"
+    )
+
+
+def test_every_relative_link_in_the_docs_reaches_a_file_and_its_heading():
+    """Each Markdown page's links to files of the repository (outside code blocks) resolve, and a #anchor names a
+    heading of the page it points to."""
+    listed = subprocess.run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard", "*.md"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    broken = []
+    for name in sorted(set(listed)):
+        page = REPO / name
+        if not page.is_file():
+            continue
+        for target in LINK.findall(FENCED.sub("", page.read_text())):
+            if re.match(r"[a-z][a-z0-9+.-]*:", target):  # https:, mailto:
+                continue
+            file, _, anchor = target.partition("#")
+            destination = (page.parent / file) if file else page
+            if not destination.exists():
+                broken.append(f"{name}: {target} (no such file)")
+            elif anchor and (destination.is_dir() or anchor not in anchors(destination)):
+                broken.append(f"{name}: {target} (no such heading)")
+    assert broken == []
