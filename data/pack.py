@@ -17,7 +17,6 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-import shutil
 import sys
 import tarfile
 from collections.abc import Iterable, Mapping
@@ -54,6 +53,11 @@ TRAIN_ARCHIVE = "ILSVRC2012_img_train.tar"
 VAL_ARCHIVE = "ILSVRC2012_img_val.tar"
 DEVKIT_ARCHIVE = "ILSVRC2012_devkit_t12.tar.gz"
 VAL_NUMBER = re.compile(r"_val_(\d+)\.[^./]+$")  # ILSVRC2012_val_00000001.JPEG -> 1
+SPLIT = "|".join(SPLITS)
+PACKED_FILE = re.compile(rf"{re.escape(MANIFEST)}|({SPLIT})(-\d{{6,}}\.tar|\.index\.npz)")  # a pack holds these alone
+# The work folder's: its plan, each shard's entry, the shard being written; with a suffix, atomic_file's temporary
+# names (`.plan.json.k3x_9a2b`) that a killed run leaves.
+WORK_FILE = re.compile(rf"\.?(plan\.json|shard\.partial|({SPLIT})-\d{{6,}}\.tar\.npz)(\.\w{{8}})?")
 
 
 @dataclass
@@ -121,7 +125,7 @@ def pack(
     }
     manifest = {"format": FORMAT, "version": VERSION, **plan, "splits": entries}
     _write_atomically(out / MANIFEST, (json.dumps(manifest, indent=1) + "\n").encode())
-    shutil.rmtree(work)
+    _remove_work(work)
     return manifest
 
 
@@ -162,6 +166,15 @@ def _work_folder(out: Path, plan: dict[str, Any]) -> Path:
     work.mkdir(parents=True)
     _write_atomically(plan_path, json.dumps(plan).encode())
     return work
+
+
+def _remove_work(work: Path) -> None:
+    """Remove the work folder: the files this pack or an interrupted one wrote there, then the folder itself, which
+    a file put there by anyone else keeps (rmdir refuses: an OSError names it)."""
+    for path in work.iterdir():
+        if WORK_FILE.fullmatch(path.name):
+            path.unlink()
+    work.rmdir()
 
 
 def _pack_split(name: str, split: Split, out: Path, work: Path, shard_size: int) -> list[ShardEntry]:
@@ -331,18 +344,32 @@ def ensure_shards(
 ) -> tuple[ShardSplit, ShardSplit]:
     """`out` opened as the shards of `train` and `val`, packed first unless it already holds them. The pack is
     written in a sibling temporary directory and renamed into place, so a process never sees half of one; a
-    stale or damaged pack at `out` is replaced, and anything else there is refused."""
+    stale or damaged pack at `out` is replaced, and a directory that holds anything else is refused."""
     out = Path(out)
     if (current := _current_pack(out, train, val)) is not None:
         return current
-    if out.exists() and not (out / MANIFEST).is_file():
-        raise DatasetError(f"{out} exists and is not a shard directory; refusing to replace it")
+    if out.exists() and not _is_own_pack(out):
+        raise DatasetError(
+            f"{out} exists and is not a pack of `python -m data.shards` alone (its {MANIFEST}, split indexes and "
+            "shards); refusing to replace it: move it away"
+        )
     build_atomically(
         out,
         lambda staging: pack({"train": train, "val": val}, staging, shard_size=shard_size, source=source),
         lambda: _current_pack(out, train, val) is not None,
     )
     return open_shards(out)
+
+
+def _is_own_pack(out: Path) -> bool:
+    """Whether `out` holds a pack's files and nothing else, its manifest in this format (any version): a stale or
+    damaged pack ensure_shards may replace. A folder of the user's, even one with a manifest.json, is not."""
+    try:
+        manifest = json.loads((out / MANIFEST).read_text())
+        names = [path.name for path in out.iterdir()]
+    except (OSError, ValueError):
+        return False
+    return isinstance(manifest, dict) and manifest.get("format") == FORMAT and all(map(PACKED_FILE.fullmatch, names))
 
 
 def _current_pack(out: Path, train: Split, val: Split) -> tuple[ShardSplit, ShardSplit] | None:

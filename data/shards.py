@@ -29,6 +29,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.check:
             shards, samples = check_shards(args.check)
             print(f"{args.check}: {shards} shards, {samples} samples; sizes, sha256 and index match the manifest")
+        elif args.root and args.out.resolve().is_relative_to(args.root.resolve()):
+            raise DatasetError(f"--out {args.out} is inside the dataset {args.root}; pack into a directory outside it")
         elif (args.out / MANIFEST).is_file():
             open_shards(args.out)
             print(f"{args.out} is already packed ({MANIFEST}); nothing to do")

@@ -31,6 +31,7 @@ from data.shards import main
 from data.split import DatasetError, Split
 from tests.conftest import ALL_EPOCHS, REPO, run_train
 from tests.jpeg_samples import jpeg, png
+from tests.user_folder import files, plant
 
 WNIDS = ("n01", "n02", "n03")
 SHARD_SIZE = 8000  # two or three tiny images per shard, so that every split spans several shards
@@ -237,10 +238,64 @@ def test_the_command_line_packs_and_reports_bad_input_in_one_line_with_status_2(
     assert packed.returncode == 0, packed.stderr
     assert "packed 15 train and 6 val samples into" in packed.stdout
     assert samples(open_shards(out)[0]) == samples(folder_splits(tree)["train"])
-    refused = shards("--root", str(tree), "--out", str(tree))
+    refused = shards("--root", str(tree), "--out", str(tmp_path))
     assert refused.returncode == 2 and refused.stderr.count("\n") == 1
-    assert refused.stderr.startswith(f"error: {tree} exists and is not empty")
+    assert refused.stderr.startswith(f"error: {tmp_path} exists and is not empty")
     assert main(["--root", str(tree), "--out", str(out)]) == 0  # already packed: nothing to do
+
+
+@pytest.mark.parametrize(
+    ("names", "message"),
+    [
+        (("notes.txt", "train-000000.tar"), "exists and is not empty"),
+        (("manifest.json", "photos/IMG_0001.jpg"), "manifest.json is unreadable"),
+    ],
+)
+def test_a_users_folder_given_as_out_is_refused_and_left_as_it_was(tree, tmp_path, capsys, names, message):
+    out = tmp_path / "mine"
+    planted = plant(out, *names)  # the user's files, one named as a pack names its own
+    assert main(["--root", str(tree), "--out", str(out)]) == 2
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and message in error
+    assert files(out) == planted
+
+
+@pytest.mark.parametrize("out", [".", "shards", "train/shards"])
+def test_out_in_the_dataset_itself_is_refused_before_anything_is_written(tree, capsys, out):
+    before = files(tree)
+    assert main(["--root", str(tree), "--out", str(tree / out)]) == 2
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and "is inside the dataset" in error
+    assert files(tree) == before
+    assert out == "." or not (tree / out).exists()
+
+
+def test_a_resumed_pack_removes_only_its_own_files_and_keeps_the_users(tree, tmp_path):
+    sources = folder_splits(tree)
+    out = tmp_path / "shards"
+    interrupt_pack(sources, out)
+    planted = plant(out, "notes.txt", ".packing/notes.txt")
+    with pytest.raises(OSError, match="not empty"):  # the pack is complete; the note keeps its work folder
+        pack(sources, out, shard_size=SHARD_SIZE)
+    assert open_shards(out) and files(out).items() >= planted.items()
+    assert [path.name for path in (out / ".packing").iterdir()] == ["notes.txt"]
+
+
+def test_ensure_shards_replaces_a_pack_of_its_own_alone_never_a_users_files(tree, tmp_path):
+    sources = folder_splits(tree)
+    users = tmp_path / "photos.shards"  # where the packed set would go: the user's folder, with a manifest.json
+    planted = plant(users, "manifest.json", "holiday/IMG_0001.jpg")
+    with pytest.raises(DatasetError, match=r"is not a pack of `python -m data\.shards` alone"):
+        ensure_shards(sources["train"], sources["val"], users, shard_size=SHARD_SIZE)
+    assert files(users) == planted
+    ours = tmp_path / "synthetic.shards"
+    ensure_shards(sources["train"], sources["val"], ours, shard_size=SHARD_SIZE)
+    (ours / "train-000000.tar").write_bytes(b"")  # damaged, and so to be replaced, but for the user's file beside it
+    plant(ours, "notes.txt")
+    before = files(ours)
+    with pytest.raises(DatasetError, match="refusing to replace it"):
+        ensure_shards(sources["train"], sources["val"], ours, shard_size=SHARD_SIZE)
+    assert files(ours) == before
 
 
 def tar_of(members: dict[str, bytes]) -> bytes:
@@ -300,7 +355,7 @@ def test_ensure_shards_packs_once_and_replaces_a_damaged_pack(tree, tmp_path):
     train, _ = ensure_shards(sources["train"], sources["val"], out, shard_size=SHARD_SIZE)
     assert manifest.stat().st_ino != inode and samples(train) == samples(sources["train"])
     assert [path.name for path in out.parent.iterdir()] == ["synthetic.shards"]  # no staging directory left
-    with pytest.raises(DatasetError, match="not a shard directory; refusing to replace it"):
+    with pytest.raises(DatasetError, match="refusing to replace it"):
         ensure_shards(sources["train"], sources["val"], tree)
 
 
