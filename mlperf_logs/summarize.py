@@ -7,6 +7,9 @@ without one contributes its logged hyperparameters under their MLPerf names), th
 target, time-to-train and training throughput, all read from the run's own MLPerf log (mlperf.log, or the name
 its mlperf.log_file gave it: rundir.mlperf_log). A damaged log is listed as `incomplete`, a log the compliance
 checker rejects as `fails checker`: no log is left out.
+
+The table and the plots replace only a summary's own (a table with its figure columns, a PNG marked by it): a file
+of the user's by one of their names is refused before anything is written (exit status 2).
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from matplotlib.ticker import MaxNLocator
 from mlperf_logging.compliance_checker.mlp_parser.ruleset_400 import TOKEN, LogLine, string_to_logline
 from mlperf_logging.mllog import constants
 from omegaconf import OmegaConf
+from PIL import Image
 
 import rundir
 from mlperf_logs.compliance import complaints
@@ -47,10 +51,12 @@ STATUS_STYLE = {  # marker and colour per status on the sweep plots
 NOT_HYPERPARAMETERS = {constants.CACHE_CLEAR, constants.INIT_START, constants.INIT_STOP, constants.SEED}
 THROUGHPUT_SOURCE = "img/s: train_samples x epochs trained / time inside training blocks, from mlperf.log"
 BAND = 0.86  # sweep plots: runs without a figure are drawn above this fraction of the panel's height
+FIGURES = ("seed", "status", "epochs_to_target", "time_to_train_min", "train_img_s", "top1", "run_dir", "note")
+MADE_BY = {"Software": "python -m mlperf_logs.summarize"}  # each plot's PNG metadata: a summary redraws only these
 
 
 class UsageError(Exception):
-    """A directory argument a user can fix."""
+    """An argument a user can fix: a directory without runs, or a file of theirs where the summary writes."""
 
 
 @dataclass
@@ -227,16 +233,17 @@ def table_rows(runs: list[Run], keys: list[str]) -> list[dict[str, str]]:
 
 
 def figures_of(run: Run) -> dict[str, str]:
-    return {
-        "seed": run.seed,
-        "status": run.status,
-        "epochs_to_target": "" if run.epochs_to_target is None else str(run.epochs_to_target),
-        "time_to_train_min": shown(run.time_to_train_min, 3),
-        "train_img_s": shown(run.train_img_s, 1),
-        "top1": shown(run.accuracy[-1][1] if run.accuracy else None, 4),
-        "run_dir": str(run.directory),
-        "note": run.note,
-    }
+    values = (
+        run.seed,
+        run.status,
+        "" if run.epochs_to_target is None else str(run.epochs_to_target),
+        shown(run.time_to_train_min, 3),
+        shown(run.train_img_s, 1),
+        shown(run.accuracy[-1][1] if run.accuracy else None, 4),
+        str(run.directory),
+        run.note,
+    )
+    return dict(zip(FIGURES, values, strict=True))
 
 
 def shown(value: float | None, decimals: int) -> str:
@@ -291,7 +298,7 @@ def plot_sweep(runs: list[Run], key: str, path: Path) -> None:
         ax.set_xlim(-0.5, len(order) - 0.5)
         ax.set_xlabel(key)
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    fig.savefig(path, dpi=100, metadata=MADE_BY)
     plt.close(fig)
 
 
@@ -334,7 +341,7 @@ def plot_accuracy(runs: list[Run], keys: list[str], path: Path) -> None:
     ax.set_xlabel("epoch")
     ax.set_ylabel("eval top-1")
     ax.legend(fontsize="x-small", loc="upper left", bbox_to_anchor=(1.01, 1))  # beside the axes: labels can be long
-    fig.savefig(path, dpi=100, bbox_inches="tight")
+    fig.savefig(path, dpi=100, bbox_inches="tight", metadata=MADE_BY)
     plt.close(fig)
 
 
@@ -347,15 +354,38 @@ def plot_file(directory: Path, name: str) -> Path:
     return directory / f"summary_{safe}.png"
 
 
-def draw_plots(runs: list[Run], keys: list[str], directory: Path) -> list[Path]:
-    directory.mkdir(parents=True, exist_ok=True)
-    paths = []
-    for key in keys:
-        paths.append(plot_file(directory, key))
-        plot_sweep(runs, key, paths[-1])
-    paths.append(plot_file(directory, "accuracy"))
+def plot_paths(keys: list[str], directory: Path) -> list[Path]:
+    """A plot per swept key, then the accuracy plot."""
+    return [plot_file(directory, name) for name in (*keys, "accuracy")]
+
+
+def draw_plots(runs: list[Run], keys: list[str], paths: list[Path]) -> None:
+    paths[-1].parent.mkdir(parents=True, exist_ok=True)
+    for key, path in zip(keys, paths, strict=False):
+        plot_sweep(runs, key, path)
     plot_accuracy(runs, keys, paths[-1])
-    return paths
+
+
+def refuse_others(csv_path: Path, plots: list[Path]) -> None:
+    """A UsageError where a file the summary would write exists and is not a summary's own."""
+    for path in (csv_path, *plots):
+        if path.exists() and not written_by_summary(path, plot=path in plots):
+            raise UsageError(
+                f"{path} exists and was not written by a summary; refusing to overwrite it (move it, or write "
+                "elsewhere with --csv and --plots)"
+            )
+
+
+def written_by_summary(path: Path, plot: bool) -> bool:
+    """A table whose last columns are FIGURES; a PNG marked MADE_BY."""
+    try:
+        if plot:
+            with Image.open(path) as image:
+                return all(image.info.get(key) == value for key, value in MADE_BY.items())
+        with path.open(newline="") as file:
+            return tuple(next(csv.reader(file), [])[-len(FIGURES) :]) == FIGURES
+    except (OSError, ValueError, csv.Error):  # unreadable, not text, not an image: not a summary's
+        return False
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -368,17 +398,18 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
+    csv_path = args.csv or args.dirs[0] / "summary.csv"
     try:
-        logs = find_logs(args.dirs)
+        runs = [summarize_run(log) for log in find_logs(args.dirs)]
+        keys = swept_keys(runs)
+        plots = plot_paths(keys, args.plots or args.dirs[0])
+        refuse_others(csv_path, plots)
     except UsageError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    runs = [summarize_run(log) for log in logs]
-    keys = swept_keys(runs)
     rows = table_rows(runs, keys)
-    csv_path = args.csv or args.dirs[0] / "summary.csv"
     write_csv(rows, csv_path)
-    plots = draw_plots(runs, keys, args.plots or args.dirs[0])
+    draw_plots(runs, keys, plots)
     print(f"{len(runs)} runs; time to train = run_stop - run_start; {THROUGHPUT_SOURCE}\n")
     print(format_table(rows))
     print(f"\ncsv: {csv_path}\nplots: {', '.join(map(str, plots))}")

@@ -16,6 +16,8 @@ import pytest
 import rundir
 from mlperf_logs import summarize
 from tests.conftest import ALL_EPOCHS, REPO, TINY_RUN, mllog_events, promoted, run_train
+from tests.jpeg_samples import png
+from tests.user_folder import files, plant
 
 SUMMARIZE = [sys.executable, "-m", "mlperf_logs.summarize"]
 Edit = Callable[[list[str]], list[str]]
@@ -150,6 +152,26 @@ def test_a_missing_directory_exits_2(tmp_path):
 def test_a_directory_without_logs_exits_2(tmp_path, capsys):
     assert summarize.main([str(tmp_path)]) == 2
     assert "holds no mlperf.log" in capsys.readouterr().err
+
+
+def test_a_users_table_or_plot_is_never_overwritten_and_a_summarys_own_is(tmp_path, capsys):
+    runs = tmp_path / "runs"
+    plant(runs, "r1/mlperf.log")  # a damaged log: summarised as incomplete
+    plant(runs, "summary.csv", "notes.txt")  # the user's, one by the name of the summary's table
+    before = files(runs)
+    assert summarize.main([str(runs)]) == 2
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and f"{runs / 'summary.csv'} exists and was not written by a summary" in error
+    assert files(runs) == before
+
+    assert summarize.main([str(runs), "--csv", str(runs / "table.csv")]) == 0  # elsewhere: written, and again
+    assert summarize.main([str(runs), "--csv", str(runs / "table.csv")]) == 0
+    (runs / "summary_accuracy.png").write_bytes(png(20, 30))  # the user's image by the plot's name
+    before = files(runs)
+    capsys.readouterr()
+    assert summarize.main([str(runs), "--csv", str(runs / "table.csv")]) == 2
+    assert "summary_accuracy.png exists and was not written by a summary" in capsys.readouterr().err
+    assert files(runs) == before
 
 
 def test_summarize_is_a_leaf_that_knows_nothing_of_models_or_backends():
