@@ -9,8 +9,9 @@ ruleset 4.0.0, then mlperf_logging's package checker, result summarizer and RCP 
     OUT/ORG/benchmarks/resnet/implementations/IMPL/           the code that ran, and the runs' resolved config
     OUT/checks/                                               the checkers' logs and the result summary
 
-Runs the package cannot hold are refused (exit status 2) before anything is written; a package the checker
-rejects is written and reported (exit status 1).
+Runs the package cannot hold, an existing result and an OUT/checks that an earlier package did not make are refused
+(exit status 2) before anything is written; an existing system description or implementation is kept, never
+replaced. A package the checker rejects is written and reported (exit status 1).
 """
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ STATUS_NAMES = {
     "research": "Research, Development, or Internal (RDI)",
 }
 CHECKER_PASSED = "PACKAGE CHECKER FOUND NO ERRORS"
+CHECKS_MARK = ".rn50perf-package"  # in OUT/checks: the folder is a package's, its checkers' logs rewritten each time
 DESCRIPTION = "Write five ResNet runs as an MLCommons training 4.0.0 submission package and check it."
 
 
@@ -76,14 +78,19 @@ def main(argv: list[str] | None = None) -> int:
         results = args.out / args.org / "results" / args.system / BENCHMARK
         if results.exists():
             raise Refusal(f"{results} already exists: a result is never overwritten; choose another --out or --system")
+        if not checks_are_ours(args.out / "checks"):
+            raise Refusal(
+                f"{args.out / 'checks'} exists and was not made by a package: the checkers' logs are never written "
+                "over its files; move it, or choose another --out"
+            )
         fields = parse_fields(args.system_field)
         runs = read_runs(args.runs)
         description = system_description(runs, args.org, args.system, fields)
     except Refusal as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    write_package(args.out, args.org, args.system, args.impl, runs, description)
-    report_written(args.out / args.org, args.system, args.impl, runs, description)
+    kept = write_package(args.out, args.org, args.system, args.impl, runs, description)
+    report_written(args.out / args.org, args.system, args.impl, runs, description, kept)
     return check_package(args.out, args.org, args.system, args.rcp_bypass)
 
 
@@ -337,9 +344,18 @@ def operating_system() -> str:
     return f"{name} ({platform.system()} {platform.release()})"
 
 
-def write_package(out: Path, org: str, system: str, impl: str, runs: list[Run], description: dict[str, str]) -> None:
+def checks_are_ours(checks: Path) -> bool:
+    """Whether the checkers may write into `checks`: it is new, empty, or marked by an earlier package."""
+    return not checks.exists() or (checks / CHECKS_MARK).is_file() or (checks.is_dir() and not any(checks.iterdir()))
+
+
+def write_package(
+    out: Path, org: str, system: str, impl: str, runs: list[Run], description: dict[str, str]
+) -> list[Path]:
     """Build the package in a staging directory under OUT, then move its parts into OUT/ORG, results last;
-    if anything fails on the way, the staging directory goes and OUT/ORG gains no half-written result."""
+    if anything fails on the way, the staging directory goes and OUT/ORG gains no half-written result. A part
+    that exists already (a system description or implementation another result shares, or the user's) is kept:
+    returns those."""
     out.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".package-", dir=out))
     try:
@@ -348,13 +364,17 @@ def write_package(out: Path, org: str, system: str, impl: str, runs: list[Run], 
             write_implementation(staging, impl, system, runs),
             write_results(staging, system, runs),
         ]
+        kept = []
         for part in parts:
             destination = out / org / part.relative_to(staging)
-            if part.is_dir() and destination.exists():  # an implementation another system's result shares
-                print(f"kept the existing {destination} (name this code with another --impl to write it beside)")
+            if destination.exists():
+                option = "--impl" if part.is_dir() else "--system"
+                print(f"kept the existing {destination} (nothing is overwritten; another {option} writes beside it)")
+                kept.append(destination)
                 continue
             destination.parent.mkdir(parents=True, exist_ok=True)
             os.replace(part, destination)
+        return kept
     finally:
         shutil.rmtree(staging, ignore_errors=True)
 
@@ -407,16 +427,19 @@ def _excluded(relative: Path) -> bool:
     return bool(NOT_SOURCE & set(relative.parts)) or relative.suffix in NOT_SOURCE_SUFFIXES
 
 
-def report_written(package: Path, system: str, impl: str, runs: list[Run], description: dict[str, str]) -> None:
+def report_written(
+    package: Path, system: str, impl: str, runs: list[Run], description: dict[str, str], kept: list[Path]
+) -> None:
     implementation = package / "benchmarks" / BENCHMARK / "implementations" / impl
     files = sum(1 for path in implementation.rglob("*") if path.is_file())
+    system_kept = package / "systems" / f"{system}.json" in kept
     print(f"wrote {package}:")
-    print(f"  systems/{system}.json")
+    print(f"  systems/{system}.json" + (" (kept)" if system_kept else ""))
     print(f"  results/{system}/{BENCHMARK}/result_0.txt .. result_{len(runs) - 1}.txt (seeds ", end="")
     print(", ".join(str(run.seed) for run in runs) + ")")
     print(f"  benchmarks/{BENCHMARK}/implementations/{impl}/ ({files} files)")
     empty = [field for field, value in description.items() if value == ""]
-    if empty:
+    if empty and not system_kept:
         print(f"system fields left empty (set them with --system-field KEY=VALUE): {', '.join(empty)}")
 
 
@@ -425,6 +448,7 @@ def check_package(out: Path, org: str, system: str, rcp_bypass: bool) -> int:
     0 when the package checker accepts the package."""
     checks = out / "checks"
     checks.mkdir(exist_ok=True)
+    (checks / CHECKS_MARK).touch()
     package, results = out / org, out / org / "results" / system / BENCHMARK
     passed = run_package_checker(package, checks, rcp_bypass)
     run_result_summarizer(package, system, checks)

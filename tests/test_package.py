@@ -19,6 +19,7 @@ from omegaconf import OmegaConf
 
 from mlperf_logs import package, rcp
 from tests.conftest import REPO, promoted
+from tests.user_folder import files, plant
 
 ORG, SYSTEM = "ACME", "cpu_box"
 
@@ -140,6 +141,34 @@ def test_refuses_to_overwrite_a_result(runs, tmp_path, capsys):
     left = sorted(p.name for p in (tmp_path / "out").rglob("*"))
     assert left == sorted([ORG, "results", SYSTEM, "resnet", "result_0.txt"])
     assert (results / "result_0.txt").read_text() == "earlier\n"
+
+
+def test_refuses_a_checks_folder_that_a_package_did_not_make(tmp_path, capsys):
+    out = tmp_path / "out"
+    planted = plant(out, "checks/summary.csv", "checks/package_checker.log", "checks/notes.txt")  # names ours too
+    runs = [str(tmp_path / f"seed{seed}") for seed in range(5)]  # refused before they are read
+    code = package.main(["--runs", *runs, "--org", ORG, "--system", SYSTEM, "--out", str(out)])
+    assert_refused(capsys, code, f"{out / 'checks'} exists and was not made by a package")
+    assert files(out) == planted and sorted(path.name for path in out.iterdir()) == ["checks"]
+    (out / "checks" / package.CHECKS_MARK).touch()  # an earlier package's: its logs are rewritten
+    assert package.checks_are_ours(out / "checks") and package.checks_are_ours(tmp_path / "empty")
+
+
+def test_a_system_description_or_implementation_that_exists_is_kept_byte_for_byte(tmp_path):
+    out = tmp_path / "out"
+    implementation = f"{ORG}/benchmarks/resnet/implementations/pytorch"
+    planted = plant(out, f"{ORG}/systems/{SYSTEM}.json", f"{implementation}/train.py")
+    log = tmp_path / "run" / "mlperf.log"
+    log.parent.mkdir()
+    log.write_text(":::MLLOG {}\n")
+    run = package.Run(log.parent, log, 1, 8, "closed", "onprem", {})
+    kept = package.write_package(out, ORG, SYSTEM, "pytorch", [run], {"system_name": SYSTEM})
+    assert kept == [out / ORG / "systems" / f"{SYSTEM}.json", out / implementation]
+    written = files(out)
+    assert (
+        written.items() >= planted.items()
+        and written[f"{ORG}/results/{SYSTEM}/resnet/result_0.txt"] == b":::MLLOG {}\n"
+    )
 
 
 def checker_required_fields(caplog: pytest.LogCaptureFixture, tmp_path: Path) -> list[str]:
