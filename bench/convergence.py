@@ -26,6 +26,7 @@ import sys
 from pathlib import Path
 
 import rundir
+from bench.folders import claim
 from bench.precision import curves, outcome
 
 REPO = Path(__file__).resolve().parent.parent
@@ -72,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.epochs is not None and args.epochs < 1:
         parser.error("--epochs must be 1 or more")
 
-    out = args.out / args.recipe
+    out = claim(args.out, "--out") / args.recipe
     results = {k: outcome(train(args.recipe, k, args.epochs, out / k.replace(":", "-")), TARGET) for k in settings}
     print(f"\n{args.recipe}: eval top-1 per epoch, target at 1.0 (columns: ATEN_CPU_CAPABILITY:ONEDNN_MAX_CPU_ISA)")
     print(curves(results))

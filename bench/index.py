@@ -43,6 +43,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
+from bench.folders import claim
 from data import folder
 from data.config import SyntheticConfig
 from data.datasets import open_dataset
@@ -289,7 +290,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--root", type=Path, default=Path(tempfile.gettempdir()) / "rn50perf-index-bench")
     args = parser.parse_args(argv)
     start = time.perf_counter()
-    root = make_tree(args.root, args.layout, args.classes, args.per_class, args.val_per_class)
+    root = make_tree(claim(args.root, "--root"), args.layout, args.classes, args.per_class, args.val_per_class)
     print(f"tree: {root} ({time.perf_counter() - start:.1f} s to make or find)")
     return report(root, args)
 

@@ -30,6 +30,8 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
+from bench.folders import claim
+
 DEFAULT_SIZE = (500, 375)  # width x height, ImageNet's most common size
 DEFAULT_QUALITY = 90
 
@@ -196,7 +198,7 @@ def _size(text: str) -> tuple[int, int]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.photos", description=__doc__.split("\n\n")[0])
-    parser.add_argument("root", type=Path, help="directory to write DIR/train/<class>/*.JPEG into")
+    parser.add_argument("root", type=Path, help="a new or empty directory to write DIR/train/<class>/*.JPEG into")
     parser.add_argument("--images", type=int, default=400)
     parser.add_argument("--classes", type=int, default=8)
     parser.add_argument("--size", type=_size, default=DEFAULT_SIZE, help="WIDTHxHEIGHT (default 500x375)")
@@ -208,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--images and --classes must be at least 1, --quality in [1, 100]")
     start = time.perf_counter()
     photos = generate(
-        args.root,
+        claim(args.root, "DIR"),
         images=args.images,
         classes=args.classes,
         size=args.size,

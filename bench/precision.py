@@ -25,6 +25,7 @@ import matplotlib.pyplot as plt
 import torch
 
 import rundir
+from bench.folders import claim
 from optim.stochastic_rounding import accumulate_small_updates
 
 REPO = Path(__file__).resolve().parent.parent
@@ -112,6 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [p for p in policies if p not in POLICIES]
     if unknown:
         parser.error(f"unknown policies {unknown}; known: {', '.join(POLICIES)}")
+    claim(args.out, "--out")
     results = {p: outcome(train(p, args.out, args.overrides), args.target) for p in policies}
     draw(results, args.target, args.out / "precision.png")
 

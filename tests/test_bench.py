@@ -8,12 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from bench import ipu_cases, loader
+from bench import convergence, folders, ipu_cases, loader, photos, precision
+from bench import index as index_bench
 from bench.loader import generate_photos, write_dali_indexes
 from bench.precision import curves
 from data.config import SyntheticConfig
 from data.datasets import open_dataset
 from data.pack import ensure_shards
+from tests.user_folder import files, plant
 
 REPO = Path(__file__).resolve().parent.parent
 LOADER = ["--images", "8", "--seconds", "0.05", "--rounds", "1", "--workers", "1", "--shard-size", "200KB"]
@@ -73,6 +75,32 @@ def test_loader_bench_writes_the_dali_index_that_dalis_own_tool_writes(tmp_path)
 def test_loader_bench_refuses_a_folder_that_is_not_a_dataset(tmp_path, capsys):
     assert loader.main(["--data", str(tmp_path)]) == 2
     assert "not in an ImageNet layout" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("main", "option", "names"),
+    [
+        (photos.main, "DIR", ["train/n00000000/n00000000_0.JPEG"]),  # a name it writes
+        (precision.main, "--out", ["precision.png", "fp32/metrics.csv"]),
+        (convergence.main, "--out", ["smoke-lars/notes.txt"]),
+        (index_bench.main, "--root", ["torchvision-1000x1281+50/train/n00000000/n00000000_0.JPEG"]),
+    ],
+)
+def test_a_bench_refuses_a_folder_of_the_users_files_before_writing(main, option, names, tmp_path, capsys):
+    planted = plant(tmp_path, "notes.txt", *names)
+    with pytest.raises(SystemExit) as refused:
+        main([str(tmp_path)] if option == "DIR" else [option, str(tmp_path)])
+    error = capsys.readouterr().err
+    assert refused.value.code == 2 and error.count("\n") == 1
+    assert error.startswith(f"error: {option} {tmp_path} holds files that no bench made")
+    assert files(tmp_path) == planted
+
+
+def test_a_bench_writes_into_a_new_folder_and_again_into_its_own(tmp_path):
+    out = tmp_path / "photos"
+    for _ in range(2):
+        assert photos.main([str(out), "--images", "2", "--size", "8x8", "--workers", "1"]) == 0
+    assert folders.is_ours(out) and len(list(out.rglob("*.JPEG"))) == 2
 
 
 def test_precision_bench_prints_the_plot_curves_as_a_table():

@@ -12,11 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from bench.gpu import check, pipeline, report
+from bench.folders import claim
+from bench.gpu import check, pipeline, report, smoke, stage
 from bench.gpu import train as gpu_train
 from bench.gpu.check import Stage
 from bench.gpu.step import SPEED_OPTIONS
 from tests.conftest import composed
+from tests.user_folder import files, plant
 
 REPO = Path(__file__).resolve().parent.parent
 MiB = 2**20
@@ -47,7 +49,7 @@ def test_a_stage_that_fails_or_hangs_is_recorded_and_the_next_one_runs(tmp_path:
         python_stage("fine", "import json, sys; open(sys.argv[1], 'w').write(json.dumps({'img_s': 123.4}))"),
     )
     args = check.parse_args(["--out", str(tmp_path / "out"), "--work", str(tmp_path / "work")])
-    args.work.mkdir()
+    claim(args.work, "--work")
     (args.work / "broken.json").write_text('{"img_s": 999.0}')  # an earlier check's figures
     results = check.check(args, stages)
 
@@ -65,6 +67,35 @@ def test_a_stage_that_fails_or_hangs_is_recorded_and_the_next_one_runs(tmp_path:
     assert "| broken | failed |" in table and "no kernel image for this GPU" in table
     logs = sorted(path.name for path in (tmp_path / "out").glob("*.log"))
     assert logs == ["broken.log", "fine.log", "hangs.log"]
+
+
+@pytest.mark.parametrize("option", ["--out", "--work"])
+def test_the_check_refuses_a_folder_of_the_users_files(tmp_path: Path, option: str, capsys) -> None:
+    mine = tmp_path / "mine"
+    planted = plant(mine, "gpu.json", "smoke/notes.txt", "step.json")  # names the check writes and removes
+    other = "--work" if option == "--out" else "--out"
+    with pytest.raises(SystemExit) as refused:
+        check.main([option, str(mine), other, str(tmp_path / "new")])
+    error = capsys.readouterr().err
+    assert refused.value.code == 2 and error == f"error: {option} {mine} holds files that no bench made; " + (
+        "give a new or empty folder\n"
+    )
+    assert files(mine) == planted
+
+
+def test_a_stage_removes_and_writes_only_in_a_folder_of_its_own(tmp_path: Path, capsys) -> None:
+    """The smoke stage removes WORK/smoke before its run: a --work of the user's is refused first, and so is a
+    --json that names a user's file outside a bench's folder."""
+    work = tmp_path / "work"
+    planted = plant(work, "smoke/IMG_0001.jpg")
+    with pytest.raises(SystemExit) as refused:
+        stage.main(smoke.run, ["--json", str(tmp_path / "smoke.json"), "--work", str(work)])
+    assert refused.value.code == 2 and files(work) == planted
+    figures = plant(tmp_path, "figures.json")
+    with pytest.raises(SystemExit) as refused:
+        stage.main(smoke.run, ["--json", str(tmp_path / "figures.json"), "--work", str(tmp_path / "new")])
+    assert refused.value.code == 2 and "--json" in capsys.readouterr().err.splitlines()[-1]
+    assert (tmp_path / "figures.json").read_bytes() == figures["figures.json"]
 
 
 def test_the_records_name_no_folder_of_the_machine(tmp_path: Path, no_setup: None) -> None:

@@ -21,7 +21,8 @@ the next one runs:
 DIR receives gpu.json ({"stages": {name: {"status": "ok" | "failed" | "skipped", "seconds": ..., figures}},
 "winners": the settings that won, from report.winners}), gpu.md (the tables) and one log per stage. With
 --stages, the stages run now join those an earlier check on this machine recorded in WORK/gpu.json, so a check
-may be split over two device calls on the same warm machine.
+may be split over two device calls on the same warm machine. DIR and WORK are the check's own (bench.folders): new,
+empty or an earlier check's; a folder of other files is refused.
 """
 
 from __future__ import annotations
@@ -38,6 +39,8 @@ import xml.etree.ElementTree as ET
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+
+from bench.folders import claim
 
 REPO = Path(__file__).resolve().parents[2]
 CARRIED = REPO / ".gpu"  # what `make gpu-wheels` prepares: wheels/, jpeg/ (libjpeg-turbo), include/ (Python)
@@ -168,8 +171,8 @@ def run_stage(stage: Stage, env: dict[str, str], args: argparse.Namespace, cap_s
 def check(args: argparse.Namespace, stages: tuple[Stage, ...] = STAGES) -> dict[str, Figures]:
     """Setup, then each wanted stage while the budget lasts; gpu.json and gpu.md rewritten after each."""
     deadline = time.perf_counter() + args.budget
-    args.work.mkdir(parents=True, exist_ok=True)
-    args.out.mkdir(parents=True, exist_ok=True)
+    claim(args.out, "--out")
+    claim(args.work, "--work")
     results = earlier(args.work) if args.stages else {}
     started = time.perf_counter()
     try:

@@ -14,6 +14,7 @@ import torch
 from hydra import compose, initialize_config_module
 from omegaconf import OmegaConf
 
+from bench.folders import claim, is_ours, refuse
 from configs.schema import Config, register, validate
 
 Figures = dict[str, object]
@@ -83,7 +84,9 @@ def main(run: Callable[[argparse.Namespace, Sizes], Figures], argv: list[str] | 
     parser.add_argument("--tiny", action="store_true", help="the CPU rehearsal's sizes")
     parser.add_argument("--work", type=Path, default=Path("build/gpu-work"), help="scratch shared by the stages")
     args = parser.parse_args(argv)
-    args.work.mkdir(parents=True, exist_ok=True)
+    if args.json.exists() and not is_ours(args.json.parent):
+        refuse(f"--json {args.json} exists; the figures go to a new file, or into a bench's folder")
+    claim(args.work, "--work")  # the stages remove and rewrite what they made there
     figures = run(args, TINY if args.tiny else FULL)
     save(args.json, figures)
     print(json.dumps(figures))
