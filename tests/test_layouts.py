@@ -17,6 +17,7 @@ from data.datasets import describe_dataset, open_dataset
 from data.devkit import write_devkit
 from data.split import DatasetError, Split
 from data.synthetic import CACHE_ENV
+from tests import user_folder
 from tests.conftest import configured_dataset
 from tests.jpeg_samples import jpeg
 
@@ -189,6 +190,16 @@ def test_a_second_start_reads_the_saved_index_until_the_tree_changes(tmp_path, c
     solution.write_text(solution.read_text().replace(f"00000002,{WNIDS[0]}", f"00000002,{WNIDS[2]}"))
     _, val = imagenet(root)
     assert samples(val)["ILSVRC2012_val_00000002.JPEG"][0] == 2
+
+
+@pytest.mark.parametrize("layout", ["torchvision", "kaggle", "imagenet_org", "imagenet_org_tar"])
+def test_opening_a_dataset_changes_none_of_its_files_and_writes_only_the_index_into_the_cache(tmp_path, layout):
+    backdate(write_layout(tmp_path / "imagenet", layout))
+    before = user_folder.files(tmp_path)  # the dataset, and the devkit beside it
+    imagenet(tmp_path / "imagenet")
+    after = user_folder.files(tmp_path)
+    assert {name: data for name, data in after.items() if not name.startswith("cache/")} == before
+    assert [Path(name).parent for name in after if name.startswith("cache/")] == [Path("cache/index")] * 2
 
 
 def test_an_unwritable_cache_only_costs_a_warning(tmp_path, monkeypatch, caplog):
