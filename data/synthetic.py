@@ -20,6 +20,7 @@ import itertools
 import json
 import math
 import os
+import re
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 from functools import partial
@@ -52,6 +53,10 @@ ASPECT_WEIGHTS = (0.45, 0.2, 0.15, 0.1, 0.05, 0.05)
 MARKER = "spec.json"
 CACHE_ENV = "RN50PERF_CACHE"  # where generated sets live (default ~/.cache/rn50perf)
 SYNSET_MAPPING = "LOC_synset_mapping.txt"
+# every path _generate writes, relative to the dataset's root: what an outdated dataset may hold to be replaced
+GENERATED = re.compile(
+    rf"(train|val)(/n09\d{{6}}(/n09\d{{6}}(_val)?_\d+\.JPEG)?)?|{re.escape(SYNSET_MAPPING)}|{re.escape(MARKER)}"
+)
 
 
 def class_names(spec: SyntheticConfig) -> list[str]:
@@ -83,12 +88,13 @@ def ensure_dataset(root: Path, spec: SyntheticConfig, workers: int = 0) -> Path:
     Threads, not processes: PIL and NumPy release the GIL for part of the work only, so a first generation takes
     longer (README), but forking a process that has threads of its own (rank 0 of a distributed run has gloo's)
     may leave a child deadlocked on a lock it inherited held (CPython warns of it from 3.12): a run that hangs.
-    An incomplete or outdated dataset at ``root`` is replaced; anything else there is refused.
+    An outdated dataset of its own at ``root`` (its marker, and nothing but its own files) is replaced; a folder
+    holding anything else is refused (NotOurs), untouched.
     """
     root = Path(root)
     if _is_complete(root, spec):
         return root
-    _check_replaceable(root)
+    refuse_unless_ours(root)
     generate = partial(_generate, spec=spec, workers=workers or os.cpu_count() or 1)
     build_atomically(root, generate, lambda: _is_complete(root, spec))
     return root
@@ -103,9 +109,39 @@ def _is_complete(root: Path, spec: SyntheticConfig) -> bool:
     return marker.is_file() and marker.read_text() == _spec_json(spec)
 
 
-def _check_replaceable(root: Path) -> None:
-    if root.exists() and (not root.is_dir() or {p.name for p in root.iterdir()} - {*SPLITS, MARKER, SYNSET_MAPPING}):
-        raise FileExistsError(f"{root} exists and is not a synthetic dataset; refusing to replace it")
+class NotOurs(FileExistsError):
+    """A folder given as the synthetic set's root that holds files the generator did not write."""
+
+
+def refuse_unless_ours(root: Path) -> None:
+    """Raise NotOurs unless `root` is missing, an empty folder, or a dataset this generator wrote (recognised by
+    its marker alone, and holding nothing but the files it writes), so that nothing else is ever replaced."""
+    if not root.exists() or (root.is_dir() and not any(root.iterdir())):
+        return
+    if root.is_dir() and _has_marker(root) and _only_generated_files(root):
+        return
+    if (root / "train").is_dir():
+        raise NotOurs(
+            f"{root} holds images of its own (train/), not rn50perf's synthetic set, which is generated only into "
+            "a new or empty folder; to train on them give data=imagenet (nothing there was changed)"
+        )
+    raise NotOurs(
+        f"{root} holds files rn50perf did not write; the synthetic set is generated only into a new or empty "
+        "folder: give another data.root, or none for its cache (nothing there was changed)"
+    )
+
+
+def _has_marker(root: Path) -> bool:
+    try:
+        spec = json.loads((root / MARKER).read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return False
+    return isinstance(spec, dict) and "generator_version" in spec
+
+
+def _only_generated_files(root: Path) -> bool:
+    """Whether every entry under `root` has a name `_generate` gives (stopping at the first that has not)."""
+    return all(GENERATED.fullmatch(path.relative_to(root).as_posix()) for path in root.rglob("*"))
 
 
 class _ImageJob(NamedTuple):

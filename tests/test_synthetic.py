@@ -96,17 +96,16 @@ def test_reuses_a_complete_dataset(tiny: Path, monkeypatch: pytest.MonkeyPatch) 
     assert stamps() == before
 
 
-def test_regenerates_an_incomplete_or_outdated_dataset(tiny: Path, tmp_path: Path) -> None:
-    root = ensure_dataset(tmp_path / "data", TINY, workers=1)
-    (root / "spec.json").unlink()
-    next(root.rglob("*.JPEG")).unlink()
+def test_regenerates_an_outdated_dataset_of_its_own(tiny: Path, tmp_path: Path) -> None:
+    root = ensure_dataset(tmp_path / "data", SyntheticConfig(classes=2, train_per_class=2, val_per_class=1, seed=0))
     assert ensure_dataset(root, TINY, workers=1) == root
     assert files(root) == files(tiny)
-
-    other = SyntheticConfig(classes=2, train_per_class=2, val_per_class=1, seed=0)
-    ensure_dataset(root, other, workers=1)
-    assert len(list(root.rglob("*.JPEG"))) == 2 * (2 + 1)
     assert [p.name for p in tmp_path.iterdir()] == ["data"]  # no staging directory left behind
+
+
+def test_generates_into_an_empty_folder(tiny: Path, tmp_path: Path) -> None:
+    assert ensure_dataset(tmp_path, TINY, workers=1) == tmp_path
+    assert files(tmp_path) == files(tiny)
 
 
 def test_an_interrupted_generation_leaves_no_dataset(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -125,9 +124,48 @@ def test_an_interrupted_generation_leaves_no_dataset(tmp_path: Path, monkeypatch
     assert list(tmp_path.iterdir()) == []
 
 
+def user_folder(root: Path) -> dict[str, bytes]:
+    """A user's own images in the layout the README asks for (DIR/train/<class>/, DIR/val/<class>/); their bytes."""
+    for split, count in (("train", 3), ("val", 1)):
+        for name in ("cat", "dog"):
+            (root / split / name).mkdir(parents=True)
+            for i in range(count):
+                (root / split / name / f"IMG_{i:04d}.jpg").write_bytes(f"{split} {name} {i}".encode())
+    return files(root)
+
+
+def test_refuses_a_folder_of_the_users_images_and_names_the_fix(tmp_path: Path) -> None:
+    before = user_folder(tmp_path)
+    with pytest.raises(FileExistsError, match=r"holds images of its own \(train/\).* give data=imagenet"):
+        ensure_dataset(tmp_path, TINY, workers=1)
+    assert files(tmp_path) == before
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        "the marker gone",  # an old generator's folder, or a user's that looks like one: not recognisably ours
+        "a file of the user's added to an outdated dataset",
+        "a marker that is not the generator's",
+    ],
+)
+def test_never_replaces_a_folder_it_cannot_tell_is_its_own(tmp_path: Path, damage: str) -> None:
+    root = ensure_dataset(tmp_path / "data", SyntheticConfig(classes=2, train_per_class=2, val_per_class=1, seed=0))
+    if damage == "the marker gone":
+        (root / "spec.json").unlink()
+    elif damage == "a marker that is not the generator's":
+        (root / "spec.json").write_text('{"experiment": "mine"}')
+    else:
+        (root / "train" / "n09000000" / "holiday.jpg").write_bytes(b"the user's photo")
+    before = files(root)
+    with pytest.raises(FileExistsError, match=r"rn50perf's synthetic set|did not write"):
+        ensure_dataset(root, TINY, workers=1)
+    assert files(root) == before
+
+
 def test_refuses_to_replace_a_directory_that_is_not_a_dataset(tmp_path: Path) -> None:
     (tmp_path / "notes.txt").write_text("keep me")
-    with pytest.raises(FileExistsError, match="not a synthetic dataset"):
+    with pytest.raises(FileExistsError, match=r"did not write.*give another data\.root"):
         ensure_dataset(tmp_path, TINY, workers=1)
     assert [p.name for p in tmp_path.iterdir()] == ["notes.txt"]
 
