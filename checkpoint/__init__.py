@@ -40,7 +40,8 @@ def restore_point(out_dir: Path, log_file: str, resume: str, fingerprint: dict[s
     """The checkpoint to continue from (`resume` is "auto" and one exists in `out_dir`), else None.
 
     A new run never writes into a directory that already holds an MLPerf log (`log_file`): two runs in one log
-    would make it fail the checker.
+    would make it fail the checker. Nor into one holding any other file it would write (a user's config.yaml or
+    model.pt in a hydra.run.dir given by hand): it never overwrites a file it did not write.
     """
     path = out_dir / rundir.CHECKPOINT
     if resume == "auto" and path.exists():
@@ -52,6 +53,12 @@ def restore_point(out_dir: Path, log_file: str, resume: str, fingerprint: dict[s
             state = "a stopped run"
             advice = f"continue it with run.resume=auto (as {out_dir / rundir.RESUME_SCRIPT} does), or {advice}"
         raise ConfigError("run.resume", f"{out_dir} already holds {state}; {advice}")
+    if clashes := rundir.would_overwrite(out_dir, log_file):
+        raise ConfigError(
+            "hydra.run.dir",
+            f"{out_dir} already holds {', '.join(clashes)}, which a run writes; give a new hydra.run.dir "
+            "(nothing there was changed)",
+        )
     return None
 
 

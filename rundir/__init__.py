@@ -41,6 +41,8 @@ import yaml
 
 HYDRA = ".hydra"  # Hydra's own record of the job (hydra.output_subdir)
 OVERRIDES = f"{HYDRA}/overrides.yaml"  # the command line's overrides, as Hydra parsed them
+# what Hydra writes in .hydra/ as a job starts (a refused run's are removed: train.py)
+HYDRA_RECORD = tuple(f"{HYDRA}/{name}" for name in ("config.yaml", "hydra.yaml", "overrides.yaml"))
 JOB_LOG = "train.log"  # Hydra's job logging names its file after the job, which is named after train.py
 MLPERF_LOG = "mlperf.log"  # mlperf.log_file's default (mlperf_logs/config.py takes it from here)
 CONFIG = "config.yaml"
@@ -90,6 +92,13 @@ def written_by_run(name: str, log_file: str = MLPERF_LOG) -> bool:
     return name in NAMES | partial | {log_file} or re.fullmatch(attempt, name) is not None
 
 
+def would_overwrite(directory: Path, log_file: str = MLPERF_LOG) -> list[str]:
+    """The entries of `directory` that a new run would write over: every name a run writes but Hydra's own, which
+    Hydra has written as the job starts (its .hydra/ record, and train.log, which it appends to)."""
+    names = (path.name for path in directory.iterdir()) if directory.is_dir() else ()
+    return sorted(name for name in names if written_by_run(name, log_file) and name not in (HYDRA, JOB_LOG))
+
+
 def recorded_config(directory: Path) -> dict[str, Any]:
     """The resolved configuration the run in `directory` recorded (its config.yaml), as plain data; {} where it has
     none, or one that is not a mapping. Raises yaml.YAMLError for a file that is not YAML."""
@@ -131,6 +140,7 @@ __all__ = [
     "CONFIG",
     "FINAL_WEIGHTS",
     "HYDRA",
+    "HYDRA_RECORD",
     "JOB_LOG",
     "METRICS",
     "MLPERF_LOG",
@@ -147,5 +157,6 @@ __all__ = [
     "mlperf_log",
     "recorded_config",
     "temporary",
+    "would_overwrite",
     "written_by_run",
 ]
