@@ -21,10 +21,10 @@ projection/mode.py.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import math
 import os
-import shutil
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -92,14 +92,20 @@ def main(raw: DictConfig) -> float | None:
 
 
 def forget_refused_run(directory: Path) -> None:
-    """A run refused before it started leaves no folder: the one Hydra made for it holds only Hydra's .hydra/ and
-    an empty train.log. A folder with anything more (an earlier run's) stays as it is."""
+    """A run refused before it started leaves no folder: the one Hydra made for it holds only Hydra's record of the
+    job and an empty train.log. Those files alone are removed, then the folders they leave empty; a folder holding
+    anything more (an earlier run's, or a user's given as hydra.run.dir) stays as it is."""
     if not directory.is_dir():  # ranks but the first may have none
         return
     log = directory / rundir.JOB_LOG
     made_for_this_run = {path.name for path in directory.iterdir()} <= {rundir.HYDRA, rundir.JOB_LOG}
-    if made_for_this_run and (not log.exists() or log.stat().st_size == 0):
-        shutil.rmtree(directory, ignore_errors=True)
+    if not made_for_this_run or (log.exists() and log.stat().st_size > 0):
+        return
+    for path in (*rundir.HYDRA_RECORD, rundir.JOB_LOG):
+        (directory / path).unlink(missing_ok=True)
+    for folder in (directory / rundir.HYDRA, directory):
+        with contextlib.suppress(OSError):  # not empty: something else is there, and stays
+            folder.rmdir()
 
 
 def exit_in_one_line(err: BaseException) -> NoReturn:
