@@ -20,6 +20,7 @@ import argparse
 import csv
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -46,6 +47,7 @@ def train(recipe: str, kernels: str, epochs: int | None, run_dir: Path) -> list[
     command = [sys.executable, "train.py", *RECIPES[recipe], "mlperf.target_accuracy=1.0", "run.progress=lines"]
     command.append("run.allow_not_converged=true")  # every epoch of the budget is the point: none may stop early
     command.append(f"hydra.run.dir={run_dir}")
+    shutil.rmtree(run_dir, ignore_errors=True)  # an earlier bench's run (its --out is the bench's own): a new run
     print(f"$ ATEN_CPU_CAPABILITY={aten} ONEDNN_MAX_CPU_ISA={isa} {' '.join(command[1:])}", flush=True)
     process = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     finished = 0

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -41,6 +42,7 @@ STALL = {"start": 1.0, "step": 1e-4, "count": 1000, "weights": 10_000}
 def train(policy: str, out: Path, overrides: list[str]) -> list[dict[str, str]]:
     """One run of train.py under `policy`; its metrics.csv rows."""
     run_dir = out / policy
+    shutil.rmtree(run_dir, ignore_errors=True)  # an earlier bench's run (`out` is the bench's own): a new run
     command = [sys.executable, "train.py", *POLICIES[policy], f"hydra.run.dir={run_dir}", *overrides]
     command.append("run.allow_not_converged=true")  # a policy that misses the target is a finding, not a failure
     print(f"$ {' '.join(command[1:])}", flush=True)

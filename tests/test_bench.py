@@ -103,6 +103,20 @@ def test_a_bench_writes_into_a_new_folder_and_again_into_its_own(tmp_path):
     assert folders.is_ours(out) and len(list(out.rglob("*.JPEG"))) == 2
 
 
+def test_precision_bench_starts_each_policy_in_a_new_run_directory(tmp_path, monkeypatch):
+    """A rerun into the bench's own --out replaces its earlier runs (train.py refuses a run directory that holds a
+    run's files)."""
+    plant(tmp_path, "fp32/mlperf.log")  # the earlier run's
+
+    def train_py(command: list[str], **_: object) -> None:
+        run_dir = Path(next(arg for arg in command if arg.startswith("hydra.run.dir=")).split("=", 1)[1])
+        assert not run_dir.exists()
+        plant(run_dir, "metrics.csv")
+
+    monkeypatch.setattr(precision.subprocess, "run", train_py)
+    assert precision.train("fp32", tmp_path, []) == []  # the metrics.csv of the new run, which has no rows
+
+
 def test_precision_bench_prints_the_plot_curves_as_a_table():
     results = {"fp32": {"curve": [(1, 0.5), (2, 0.8)]}, "fp16.16": {"curve": [(1, 0.25)]}}
     assert curves(results).splitlines() == [
