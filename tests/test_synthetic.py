@@ -13,13 +13,10 @@ from configs.checks import ConfigError
 from data import synthetic
 from data.config import MAX_CLASSES, SyntheticConfig, validate_synthetic
 from data.synthetic import class_descriptions, class_names, default_root, ensure_dataset
+from tests.user_folder import files
 
 TINY = SyntheticConfig(classes=4, train_per_class=6, val_per_class=3, seed=0)
 MODERATE = SyntheticConfig(classes=10, train_per_class=20, val_per_class=10, seed=0)
-
-
-def files(root: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
 
 
 @pytest.fixture(scope="module")

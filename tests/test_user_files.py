@@ -14,6 +14,7 @@ import pytest
 import rundir
 from tests import jpeg_samples
 from tests.conftest import REPO, train_env
+from tests.user_folder import files, plant
 
 EXPERIMENTS = sorted(path.stem for path in (REPO / "configs" / "experiment").glob("*.yaml"))
 ENCODINGS = ("baseline-420", "progressive-420", "baseline-444")  # as cameras and editors save them
@@ -39,11 +40,6 @@ print(json.dumps(results))
 """
 
 
-def files(root: Path) -> dict[str, bytes]:
-    """Every file under `root` and its bytes (folders show in their files' paths)."""
-    return {str(path.relative_to(root)): path.read_bytes() for path in sorted(root.rglob("*")) if path.is_file()}
-
-
 def users_images(root: Path) -> dict[str, bytes]:
     """A user's photos of two classes in the README's layout (JPEG and PNG, odd sizes) and a note beside them;
     returns every file's bytes."""
@@ -66,9 +62,7 @@ def users_images(root: Path) -> dict[str, bytes]:
 def users_run_dir(root: Path) -> dict[str, bytes]:
     """A folder of the user's own, given as hydra.run.dir, holding files named as a run's outputs; their bytes."""
     root.mkdir()
-    (root / rundir.CONFIG).write_text("my own experiment's settings\n")
-    (root / rundir.FINAL_WEIGHTS).write_bytes(b"my own weights")
-    return files(root)
+    return plant(root, rundir.CONFIG, rundir.FINAL_WEIGHTS)
 
 
 @pytest.fixture(scope="module")
@@ -80,8 +74,11 @@ def runs(cache_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
     images, own_dir, refused_new, refused_own = (scratch / name for name in ("mine", "work", "new", "notes"))
     images.mkdir()
     refused_own.mkdir()
-    (refused_own / "notes.txt").write_text("keep")
-    before = {"images": users_images(images), "run dir": users_run_dir(own_dir), "notes": files(refused_own)}
+    before = {
+        "images": users_images(images),
+        "run dir": users_run_dir(own_dir),
+        "notes": plant(refused_own, "notes.txt"),
+    }
     named = {
         f"{name} {'imagenet' if dataset else 'as recipe'}": [
             f"experiment={name}",
