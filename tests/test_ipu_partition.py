@@ -106,6 +106,22 @@ def test_auto_cuts_the_run_for_its_ipus_per_replica_and_says_where(capsys):
     assert simulator.plan(cfg, shape, model).memory.fits
 
 
+@pytest.mark.parametrize(
+    ("overrides", "why"),
+    [
+        ((), "16 replicas over the 16 IPUs of ipu_pod16"),  # experiment=mlperf_pod16: one IPU each
+        (("device.ipus_per_replica=1", "device.replicas=4", "data.global_batch=800"), "device.ipus_per_replica=1"),
+    ],
+)
+def test_auto_on_one_ipu_per_replica_says_there_is_nothing_to_cut_and_what_would_pipeline(overrides, why, capsys):
+    cfg = composed("run.mode=project", "experiment=mlperf_pod16", "device.pipeline_splits=auto", *overrides, *SMALL)
+    assert simulator.splits(cfg, batch_shape(cfg, world_size=1), simulator.build_model(cfg, 1000)) == ()
+    assert capsys.readouterr().out == (
+        f"device.pipeline_splits=auto: nothing to cut, one IPU per replica ({why}); to pipeline, give"
+        " device.ipus_per_replica=N with at most 16/N device.replicas\n"
+    )
+
+
 def test_auto_and_list_are_the_only_words_and_auto_needs_micro_batches_for_its_stages():
     said = config_error("device=ipu_pod16", "device.pipeline_splits=some")
     assert said == "device.pipeline_splits: 'some' is not one of auto, list"

@@ -71,7 +71,12 @@ def splits(cfg: Config, shape: BatchShape, model: nn.Module) -> tuple[str, ...]:
         return tuple(given)
     key = repr((cfg.device, cfg.data, cfg.precision, shape))  # all that the cuts depend on
     if key not in CHOSEN:
-        stages, uncut, system = pipeline_stages(cfg.device), layout(cfg, shape), system_of(cfg)
+        stages = pipeline_stages(cfg.device)
+        if stages == 1:
+            CHOSEN[key] = ()
+            print(nothing_to_cut(cfg))
+            return CHOSEN[key]
+        uncut, system = layout(cfg, shape), system_of(cfg)
         try:
             CHOSEN[key] = partition.choose(partition.probe_stretches(model, uncut, system), stages, uncut, system)
         except partition.NoFit as err:
@@ -81,6 +86,20 @@ def splits(cfg: Config, shape: BatchShape, model: nn.Module) -> tuple[str, ...]:
             f"device.pipeline_splits=auto cut {stages} stages at: [{pinned}] (pin: device.pipeline_splits=[{pinned}])"
         )
     return CHOSEN[key]
+
+
+def nothing_to_cut(cfg: Config) -> str:
+    """Why pipeline_splits=auto leaves a replica whole on one IPU, and what would pipeline it."""
+    device, system = cfg.device, system_of(cfg)
+    why = (
+        "device.ipus_per_replica=1"
+        if device.ipus_per_replica is not None
+        else f"{device.replicas} replicas over the {system.ipus} IPUs of {system.name}"
+    )
+    return (
+        f"device.pipeline_splits=auto: nothing to cut, one IPU per replica ({why}); to pipeline, give"
+        f" device.ipus_per_replica=N with at most {system.ipus}/N device.replicas"
+    )
 
 
 def cut_table(cfg: Config, shape: BatchShape, classes: int) -> str:
@@ -109,8 +128,10 @@ def clock(cfg: Config, shape: BatchShape, model: nn.Module, announce: bool) -> D
     if announce:
         print(f"IPU memory of {system.name}: {planned.memory.suggestion()}", flush=True)
     run = planned.layout.shape()  # the cost model's view of the layout
-    step = cost.step_time(planned.profile, system, run, Constants())
-    return DeviceClock(step.total_s, cost.eval_image_s(planned.profile, system, run, Constants()))
+    step_s = cost.step_time(planned.profile, system, run, Constants()).total_s
+    eval_image_s = cost.eval_image_s(planned.profile, system, run, Constants())
+    named = f"{system.name} ({run.replicas * len(planned.profile.stages)} {system.chip.name} IPUs)"
+    return DeviceClock(step_s, eval_image_s, run.global_batch, named)
 
 
 def system_of(cfg: Config) -> System:
