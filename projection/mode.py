@@ -5,6 +5,7 @@ pcie_l40s) its step from the model calibrated on NVIDIA's results, or from a ste
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -14,9 +15,9 @@ import rundir
 from backends.config import gpu_cluster, simulated
 from backends.ipu_sim import simulator
 from configs.schema import Config, batch_shape
-from data.datasets import dataset_size
+from data.datasets import IMAGENET_TRAIN_IMAGES, dataset_size
 from projection.gpu.cost import Layout
-from projection.gpu.measured import read_measured
+from projection.gpu.measured import read_fed, read_measured
 from projection.gpu.report import projection_report
 from projection.ipu import report
 from projection.run import Epochs, Schedule, given_epochs, reference_epochs
@@ -28,14 +29,62 @@ def project(cfg: Config, out_dir: Path | None, command_line: Sequence[str]) -> N
     torch.manual_seed(cfg.run.seed)
     text = gpu_projection(cfg, command_line) if gpu_cluster(cfg.device) else ipu_projection(cfg)
     said, figures = text.rsplit("\n", 1)
+    said = "\n".join([*subject(cfg, command_line), said])
     if out_dir is not None:  # named before the figures, which stay the last line
         kept = f"{rundir.PROJECTION_TEXT}: all of this; {rundir.PROJECTION_JSON}: the last line"
         said += f"\noutputs: {out_dir} ({kept})"
+    figures = json.dumps(json.loads(figures) | subject_figures(cfg, command_line))
     text = f"{said}\n{figures}"
     print(text, flush=True)
     if out_dir is not None:
         (out_dir / rundir.PROJECTION_TEXT).write_text(text + "\n")
         (out_dir / rundir.PROJECTION_JSON).write_text(figures + "\n")
+
+
+EXPERIMENTS = Path(__file__).resolve().parent.parent / "configs" / "experiment"
+
+
+def experiment(command_line: Sequence[str]) -> str | None:
+    """The experiment the command line chooses (the last, as Hydra takes it); None where it chooses none."""
+    chosen = [item.split("=", 1)[1] for item in command_line if item.lstrip("+").split("=", 1)[0] == "experiment"]
+    return chosen[-1] if chosen else None
+
+
+def subject(cfg: Config, command_line: Sequence[str]) -> list[str]:
+    """What is projected, before the answer: the dataset and its training images, the recipe and the global batch;
+    for the embedded synthetic set, that it is not ImageNet and what to add to project ImageNet."""
+    _, images, _ = dataset_size(cfg.data)
+    chosen = experiment(command_line)
+    recipe = f"recipe experiment={chosen}" if chosen else "recipe: the defaults (no experiment given)"
+    if cfg.data.name == "imagenet":
+        return [f"projecting ImageNet ({images:,} training images), {recipe}, global batch {cfg.data.global_batch:,}"]
+    return [
+        f"projecting the embedded synthetic set ({images:,} training images), {recipe},"
+        f" global batch {cfg.data.global_batch:,}",
+        f"not ImageNet: an epoch here is the embedded set's {images:,} images, not ImageNet's"
+        f" {IMAGENET_TRAIN_IMAGES:,}; add {imagenet_recipe(cfg)} to project ImageNet",
+    ]
+
+
+def imagenet_recipe(cfg: Config) -> str:
+    """The experiment that projects ImageNet on the run's device: on a simulated IPU system, Graphcore's recipe for
+    it or for a system of its size (experiment=mlperf_bow_pod256 on ipu_pod256, which keeps device=ipu_pod256);
+    else experiment=imagenet."""
+    system = cfg.device.system
+    names = [] if system is None else [f"mlperf_{system.name.removeprefix('ipu_')}", f"mlperf_bow_pod{system.ipus}"]
+    found = [name for name in names if (EXPERIMENTS / f"{name}.yaml").is_file()]
+    return f"experiment={found[0] if found else 'imagenet'}"
+
+
+def subject_figures(cfg: Config, command_line: Sequence[str]) -> dict[str, object]:
+    """subject() for the JSON line."""
+    _, train_images, _ = dataset_size(cfg.data)
+    return {
+        "dataset": cfg.data.name,
+        "train_images": train_images,
+        "experiment": experiment(command_line),
+        "global_batch": cfg.data.global_batch,
+    }
 
 
 def listed_cuts(cfg: Config) -> bool:
@@ -71,7 +120,8 @@ def gpu_projection(cfg: Config, command_line: Sequence[str]) -> str:
     layout = Layout(device.nodes, device.gpus_per_node, shape.micro_batch * shape.grad_accum)
     epochs = epochs_of(cfg, command_line)
     measured = None if device.measured is None else read_measured(device.measured)
-    return projection_report(device.cluster, layout, schedule_of(cfg, epochs.count), epochs, measured)
+    fed = None if device.measured is None else read_fed(device.measured)
+    return projection_report(device.cluster, layout, schedule_of(cfg, epochs.count), epochs, measured, fed)
 
 
 def epochs_of(cfg: Config, command_line: Sequence[str]) -> Epochs:

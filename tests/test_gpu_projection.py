@@ -14,8 +14,8 @@ from projection.calibration import fitted_ranges
 from projection.gpu import calibrate, cost
 from projection.gpu.calibrate import IN_SAMPLE
 from projection.gpu.cost import Layout
-from projection.gpu.measured import read_measured
-from projection.mode import gpu_projection
+from projection.gpu.measured import read_fed, read_measured
+from projection.mode import gpu_projection, project
 from projection.run import Schedule, first_evaluation_from, reference_epochs
 from tests.conftest import composed, run_train
 
@@ -154,6 +154,72 @@ def test_a_step_measured_on_one_gpu_sets_the_compute_of_every_gpu(fitted, tmp_pa
     on_nodes = [cost.step_time(profile, cluster, Layout(8, 8, 100), central, m)[0] for m in (measured, slower)]
     assert on_nodes[1].compute_s > on_nodes[0].compute_s
     assert on_nodes[1].allreduce_fabric_s == on_nodes[0].allreduce_fabric_s
+
+
+def projected_lines(capsys, *command_line: str) -> list[str]:
+    """What `train.py COMMAND_LINE` prints for a projection, in process."""
+    project(composed(*command_line), None, command_line)
+    return capsys.readouterr().out.splitlines()
+
+
+def test_a_projection_of_the_embedded_set_names_it_and_says_it_is_not_imagenet(fitted, capsys):
+    """train.py run.mode=project device=dgx_h200 device.nodes=4, with no experiment: the embedded set at batch 64."""
+    lines = projected_lines(capsys, "run.mode=project", "device=dgx_h200", "device.nodes=4")
+    assert lines[:2] == [
+        "projecting the embedded synthetic set (1,000 training images), recipe: the defaults (no experiment given),"
+        " global batch 64",
+        "not ImageNet: an epoch here is the embedded set's 1,000 images, not ImageNet's 1,281,167; add"
+        " experiment=imagenet to project ImageNet",
+    ]
+    assert lines[2].startswith("projected time to train (35 epochs): ")
+    named = {"dataset": "synthetic", "train_images": 1000, "experiment": None, "global_batch": 64}
+    assert named.items() <= json.loads(lines[-1]).items()
+
+
+def h200_check(path, with_train_stage: bool) -> str:
+    """A gpu.json as make gpu-check writes it: the H200's step (docs/gpu-check/2026-11-27-h200-f.json) and, where
+    asked, train.py's run end to end (2026-11-27-h200-g.json's train stage)."""
+    rows = {"bare_compiled": {"img_s": 6837.6}, "best": {"img_s": 6895.4}}
+    stages = {"env": {"gpu": "NVIDIA H200"}, "step": {"batch": 256, "rows": rows}}
+    if with_train_stage:
+        runs = {"defaults": {"img_s": 3631.4}, "decode=gpu": {"img_s": 3680.8}}
+        stages["train"] = {"status": "ok", "runs": runs}
+    path.write_text(json.dumps({"stages": stages}))
+    return str(path)
+
+
+def test_a_measured_projection_names_imagenet_and_says_what_rn50perfs_own_loader_fed(fitted, tmp_path, capsys):
+    measured = f"device.measured={h200_check(tmp_path / 'gpu.json', with_train_stage=True)}"
+    lines = projected_lines(
+        capsys, "run.mode=project", "experiment=imagenet", "device=dgx_h200", "device.nodes=8", measured
+    )
+    assert lines[0] == "projecting ImageNet (1,281,167 training images), recipe experiment=imagenet, global batch 3,264"
+    assert (
+        "input: the step alone: rn50perf's own loader fed 3,631 img/s (0.53x) on that machine (train.py with its"
+        " defaults, the check's train stage); this projection assumes an input pipeline that keeps up"
+    ) in lines
+    figures = json.loads(lines[-1])
+    assert figures["end_to_end_img_s"] == 3631.4 and figures["experiment"] == "imagenet"
+
+
+def test_a_check_without_an_end_to_end_run_leaves_the_loaders_rate_unknown(fitted, tmp_path, capsys):
+    measured = f"device.measured={h200_check(tmp_path / 'gpu.json', with_train_stage=False)}"
+    lines = projected_lines(capsys, "run.mode=project", "experiment=imagenet", "device=dgx_h200", measured)
+    assert (
+        "input: the step alone: whether rn50perf's own loader fed that rate on that machine is unknown (the check"
+        " holds no end-to-end run: its train stage absent, its e2e stage absent); this projection assumes an input"
+        " pipeline that keeps up"
+    ) in lines
+    assert json.loads(lines[-1])["end_to_end_img_s"] is None
+
+
+def test_the_end_to_end_rate_is_read_from_each_kind_of_check():
+    """The H200 check the README projects from timed the step but its train stage failed; an older H100 check ran
+    the e2e stage, the loader feeding the step at the fastest settings it found."""
+    failed = read_fed("docs/gpu-check/2026-11-27-h200-f.json")
+    assert failed.img_s is None and failed.what.endswith("its train stage failed, its e2e stage skipped")
+    older = read_fed("docs/gpu-check/2026-11-26-h100-c.json")
+    assert older.img_s == 1892.2 and older.what.startswith("the check's e2e stage: precision=fp32")
 
 
 def test_a_file_that_holds_no_measured_step_is_refused(tmp_path):

@@ -18,7 +18,7 @@ from mlperf_logs.logger import MLPerfLogger
 from projection.ipu import cost, report
 from projection.ipu.assumptions import ASSUMPTIONS
 from projection.ipu.calibrate import POD64
-from projection.mode import project
+from projection.mode import project, subject
 from projection.run import Schedule
 from tests.conftest import assert_compliant, composed, mllog_events, record_margin, run_train
 from tests.systems import system
@@ -94,7 +94,8 @@ def test_a_v1_1_recipe_on_a_bow_system_is_told_where_its_checkpoints_moved():
 
 
 def test_a_pod256_recipe_is_projected_with_its_ranges_and_kept(tmp_path, capsys):
-    project(composed("run.mode=project", "experiment=mlperf_bow_pod256"), tmp_path, command_line=[])
+    command_line = ("run.mode=project", "experiment=mlperf_bow_pod256")
+    project(composed(*command_line), tmp_path, command_line)
     stdout = capsys.readouterr().out
     figures = json.loads(stdout.strip().splitlines()[-1])
     assert (tmp_path / "projection.txt").read_text() == stdout  # the run directory keeps what was printed
@@ -111,12 +112,33 @@ def test_a_pod256_recipe_is_projected_with_its_ranges_and_kept(tmp_path, capsys)
         reach.startswith("MLPerf v2.0's checkpoints (calibrated: v1.1)") for reach in figures["beyond_calibration"]
     )
     assert f"most sensitive to {figures['most_sensitive']} = " in stdout
-    first, *_, named, _ = stdout.splitlines()
+    named_first, first, *_, named, _ = stdout.splitlines()
+    assert named_first == (
+        "projecting ImageNet (1,281,167 training images), recipe experiment=mlperf_bow_pod256, global batch 10,240"
+    )
     answer = re.fullmatch(r"projected time to train \(45 epochs\): (\S+) min \((\S+) to (\S+)\) at .+", first)
     assert answer, first  # the answer first, with its range
     expected = [figures["time_to_train_min"], *figures["time_to_train_min_range"]]
     assert [float(value) for value in answer.groups()] == pytest.approx(expected, abs=0.006)
     assert named == f"outputs: {tmp_path} (projection.txt: all of this; projection.json: the last line)"
+    assert figures["dataset"] == "imagenet" and figures["train_images"] == 1_281_167
+    assert (figures["experiment"], figures["global_batch"]) == ("mlperf_bow_pod256", 10_240)
+
+
+@pytest.mark.parametrize(
+    ("device", "recipe"),
+    [("ipu_pod16", "mlperf_pod16"), ("bow_pod64", "mlperf_bow_pod64"), ("ipu_pod256", "mlperf_bow_pod256")],
+)
+def test_a_projection_of_the_embedded_set_says_which_recipe_projects_imagenet_on_the_system(device, recipe):
+    """Graphcore's recipe for the system, or for one of its size (which keeps the device the command line names)."""
+    command_line = ("run.mode=project", f"device={device}")
+    said = subject(composed(*command_line), command_line)
+    assert said[0] == (
+        "projecting the embedded synthetic set (1,000 training images), recipe: the defaults (no experiment given),"
+        " global batch 64"
+    )
+    assert said[1].endswith(f"not ImageNet's 1,281,167; add experiment={recipe} to project ImageNet")
+    assert composed(*command_line, f"experiment={recipe}").data.name == "imagenet"
 
 
 @pytest.mark.slow  # tests/test_ipu_cost.py and test_ipu_memory.py check the model and the plan

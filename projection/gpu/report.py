@@ -10,14 +10,21 @@ from projection import uncertainty
 from projection.gpu import calibrate
 from projection.gpu.config import Cluster
 from projection.gpu.cost import Constants, Layout, MeasuredStep, Projection, project
+from projection.gpu.measured import Fed
 from projection.run import Epochs, Schedule
 from projection.uncertainty import Interval
 
 
 def projection_report(
-    cluster: Cluster, layout: Layout, schedule: Schedule, epochs: Epochs, measured: MeasuredStep | None
+    cluster: Cluster,
+    layout: Layout,
+    schedule: Schedule,
+    epochs: Epochs,
+    measured: MeasuredStep | None,
+    fed: Fed | None,
 ) -> str:
-    """The whole report for `layout` on `cluster`; its last line is the JSON."""
+    """The whole report for `layout` on `cluster` (with a measured step, `fed`: what rn50perf's own loader fed it on
+    that machine); its last line is the JSON."""
     fit = calibrate.calibrated()
 
     def at(constants: Constants) -> Projection:
@@ -30,11 +37,13 @@ def projection_report(
             uncertainty.headline(spread, epochs.count) + "\n",
             system_line(cluster, layout),
             f"epochs: {epochs.source}",
-            f"compute: {compute_source(measured)}\n",
+            f"compute: {compute_source(measured)}",
+            *input_lines(measured, fed),
+            "",
             breakdown(spread.central, layout, epochs.count),
             uncertainty.report(spread, fit.central, calibrate.ASSUMPTIONS),
             uncertainty.reach(beyond),
-            json.dumps(figures(spread, layout) | {"beyond_calibration": beyond}),
+            json.dumps(figures(spread, layout) | {"beyond_calibration": beyond} | fed_figures(fed)),
         ]
     )
 
@@ -56,6 +65,24 @@ def compute_source(measured: MeasuredStep | None) -> str:
         f"rn50perf's own step measured on one {measured.gpu} ({measured.img_s:,.0f} img/s at {measured.batch} images;"
         f" {measured.source}), the fitted floor kept for other batches"
     )
+
+
+def input_lines(measured: MeasuredStep | None, fed: Fed | None) -> list[str]:
+    """For a measured step: it is the step alone, and whether rn50perf's own loader fed that rate on the machine
+    that measured it (or that the check does not say)."""
+    if measured is None or fed is None:
+        return []
+    if fed.img_s is None:
+        said = f"whether rn50perf's own loader fed that rate on that machine is unknown ({fed.what})"
+    else:
+        ratio = fed.img_s / measured.img_s
+        said = f"rn50perf's own loader fed {fed.img_s:,.0f} img/s ({ratio:.2f}x) on that machine ({fed.what})"
+    return [f"input: the step alone: {said}; this projection assumes an input pipeline that keeps up"]
+
+
+def fed_figures(fed: Fed | None) -> dict[str, object]:
+    """For the JSON line of a measured step's projection: train.py's rate end to end in the check (null: unknown)."""
+    return {} if fed is None else {"end_to_end_img_s": fed.img_s}
 
 
 def breakdown(projection: Projection, layout: Layout, epochs: int) -> str:
