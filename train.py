@@ -43,6 +43,7 @@ import distributed
 import rundir
 from backends import build
 from backends.base import Backend, RunFacts
+from backends.ipu_sim.backend import device_clock
 from benchmark import benchmark
 from checkpoint import CheckpointError, Loop, restore_point, restore_run
 from configs.checks import ConfigError
@@ -327,7 +328,10 @@ def finish(run: Run, status: str, accuracy: float | None) -> tuple[str, float]:
             (run.out_dir / name).unlink(missing_ok=True)
         skipped = {**run.train_loader.skipped, **run.val_loader.skipped}
         warned = run.train_loader.warned | run.val_loader.warned
-        print_summary(status, accuracy, run.loop.epoch - 1, minutes, run.out_dir, skipped, warned)
+        simulated, device_time = device_clock(run.backend), run.cfg.mlperf.clock == "device"
+        print_summary(
+            status, accuracy, run.loop.epoch - 1, minutes, run.out_dir, skipped, warned, simulated, device_time
+        )
     return status, minutes
 
 
@@ -344,6 +348,7 @@ def train_to_target(run: Run) -> tuple[str, float | None]:
     Times are on the log's clock.
     """
     cfg, backend, log, loop = run.cfg, run.backend, run.log, run.loop
+    simulated, device_time = device_clock(backend), cfg.mlperf.clock == "device"  # shown beside the host's
     evals = cfg.mlperf.eval_epochs(cfg.run.max_epochs)
     quiet = not run.topology.is_main
     progress = Progress("none" if quiet else cfg.run.progress, cfg.run.max_epochs, cfg.data.global_batch)
@@ -387,7 +392,7 @@ def train_to_target(run: Run) -> tuple[str, float | None]:
             **timer.fractions(),
         )
         run.metrics.append(row)
-        progress.end_epoch(epoch_line(cfg.run.max_epochs, row))
+        progress.end_epoch(epoch_line(cfg.run.max_epochs, row, simulated, device_time))
         loop.epoch, loop.batch, loop.losses = epoch + 1, 0, []
         if accuracy is not None and accuracy >= cfg.mlperf.target_accuracy:
             return constants.SUCCESS, accuracy

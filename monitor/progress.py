@@ -8,7 +8,7 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import NoReturn
+from typing import NoReturn, Protocol
 
 import torch
 from tqdm import tqdm
@@ -77,12 +77,36 @@ class Progress:
             say(line)
 
 
-def epoch_line(max_epochs: int, row: EpochMetrics) -> str:
-    """The epoch's figures, with the share of its wall time spent waiting for data (and for the all-reduce)."""
+class SimulatedClock(Protocol):
+    """A simulated system's clock (backends/ipu_sim/clock.py), as a run's lines show it beside the host's."""
+
+    @property
+    def system(self) -> str: ...
+
+    @property
+    def img_s(self) -> float: ...
+
+    @property
+    def elapsed_s(self) -> float: ...
+
+
+def epoch_line(
+    max_epochs: int, row: EpochMetrics, simulated: SimulatedClock | None = None, device_time: bool = False
+) -> str:
+    """The epoch's figures, with the share of its wall time spent waiting for data (and for the all-reduce). On a
+    `simulated` system, its own throughput beside the host's; with `device_time` (mlperf.clock=device) the row's
+    rate is already the system's."""
     line = f"epoch {row.epoch:3d}/{max_epochs}  loss {row.train_loss:.4f}  lr {row.lr:<9.4g}"
-    line += f"{row.images_per_s:7.1f} img/s  data wait {row.data_wait:4.0%}"
+    line += f"{row.images_per_s:7.1f} img/s{rates(simulated, device_time)}  data wait {row.data_wait:4.0%}"
     line += f"  all-reduce {row.allreduce:4.0%}" if row.allreduce else ""
     return line + (f"  eval top-1 {row.eval_accuracy:.4f}" if row.eval_accuracy is not None else "")
+
+
+def rates(simulated: SimulatedClock | None, device_time: bool) -> str:
+    """What follows the epoch's img/s: on a simulated system, whose rate it is, and the other."""
+    if simulated is None:
+        return ""
+    return " simulated" if device_time else f" host  {simulated.img_s:.1f} img/s simulated"
 
 
 def print_summary(
@@ -93,14 +117,29 @@ def print_summary(
     out_dir: Path,
     skipped: dict[str, str],
     warned: set[str],
+    simulated: SimulatedClock | None = None,
+    device_time: bool = False,
 ) -> None:
-    """The run's end: its status, `epochs` trained, last accuracy, time-to-train, the files skipped and those
-    decoded despite libjpeg's corrupt-data warnings, and where its outputs are."""
+    """The run's end: its status, `epochs` trained, last accuracy, time-to-train (on a `simulated` system, which
+    clock's, and the system's own throughput and time to train), the files skipped and those decoded despite
+    libjpeg's corrupt-data warnings, and where its outputs are."""
     shown = "n/a" if accuracy is None else f"{accuracy:.4f}"
     unreadable = f"\n{len(skipped)} unreadable files skipped (each reported above)" if skipped else ""
     if warned:
         unreadable += f"\n{len(warned)} files decoded despite libjpeg's corrupt-data warnings (as PIL decodes them)"
     say(
         f"\nrun_stop status {status}: {epochs} epochs, eval top-1 {shown}, "
-        f"time to train {minutes:.2f} min{unreadable}\noutputs: {out_dir}"
+        f"time to train {minutes:.2f} min{simulated_run(simulated, device_time)}{unreadable}\noutputs: {out_dir}"
     )
+
+
+def simulated_run(simulated: SimulatedClock | None, device_time: bool) -> str:
+    """After the run's time to train: which clock it is on, then the simulated system's own figures."""
+    if simulated is None:
+        return ""
+    seconds = simulated.elapsed_s
+    took = f"{seconds:.2f} s" if seconds < 60 else f"{seconds / 60:.2f} min"
+    figures = f"simulated {simulated.system}: {simulated.img_s:,.0f} img/s, time to train {took}"
+    if device_time:
+        return f" of simulated time (mlperf.clock=device)\n{figures}"
+    return f" of host wall time\n{figures} (mlperf.clock=device logs it)"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import time
@@ -10,11 +11,14 @@ import pytest
 import torch
 from torch import nn
 
-from backends.ipu_sim.backend import IpuSimBackend
+from backends.ipu_sim import simulator
+from backends.ipu_sim.backend import IpuSimBackend, device_clock
 from backends.ipu_sim.clock import DeviceClock
 from configs.checks import ConfigError
 from configs.schema import Config, batch_shape, validate
 from mlperf_logs.logger import MLPerfLogger
+from monitor.metrics import EpochMetrics
+from monitor.progress import epoch_line, print_summary
 from projection.ipu import cost, report
 from projection.ipu.assumptions import ASSUMPTIONS
 from projection.ipu.calibrate import POD64
@@ -24,6 +28,7 @@ from tests.conftest import assert_compliant, composed, mllog_events, record_marg
 from tests.systems import system
 
 # ResNet-50 at 224 px, fp32, 8 images per micro-batch on one IPU: 1.2 GB without recomputation, 0.7 GB with it.
+SMALL = ("data.image_size=32", "data.eval_resize=36")  # the probe at 32 px: a clock in a fraction of a second
 OVERSUBSCRIBED = ("device=ipu_pod16", "data.image_size=224", "data.eval_resize=256", "data.global_batch=8")
 
 
@@ -174,6 +179,38 @@ def test_the_device_clock_moves_by_the_cost_models_time_and_resumes_where_it_was
     resumed = tiny_backend(DeviceClock(step_s=0.5, eval_image_s=0.01))
     resumed.load_state_dict(backend.state_dict())
     assert resumed.now() == backend.now()
+    assert device_clock(resumed) is resumed.clock and resumed.clock.elapsed_s == pytest.approx(3 * 0.5 + 4 * 0.01)
+
+
+def test_a_run_on_a_simulated_system_shows_its_throughput_and_time_to_train_beside_the_hosts(tmp_path, capsys):
+    """The lines train.py prints on device=ipu_pod16 device.replicas=4: each epoch's and the summary, with the host's
+    clock in the log (the default) and with the simulated one (mlperf.clock=device)."""
+    cfg = composed("device=ipu_pod16", "device.replicas=4", "dist.bn_group_size=2", "data.global_batch=16", *SMALL)
+    clock = simulator.clock(cfg, batch_shape(cfg, world_size=1), simulator.build_model(cfg, 10), announce=False)
+    for _ in range(3):
+        clock.step()
+    clock.evaluate(500)
+    rate, seconds = 16 / clock.step_s, 3 * clock.step_s + 500 * clock.eval_image_s
+    row = EpochMetrics(epoch=1, step=3, lr=2.0, train_loss=2.1317, images_per_s=30.6, eval_accuracy=0.434, elapsed_s=5)
+    start = "epoch   1/16  loss 2.1317  lr 2        "
+    assert epoch_line(16, row, clock) == (
+        f"{start}   30.6 img/s host  {rate:.1f} img/s simulated  data wait   0%  eval top-1 0.4340"
+    )
+    logged = dataclasses.replace(row, images_per_s=rate)  # mlperf.clock=device: the log's rate is the system's
+    assert epoch_line(16, logged, clock, device_time=True) == (
+        f"{start}{rate:7.1f} img/s simulated  data wait   0%  eval top-1 0.4340"
+    )
+    print_summary("success", 0.766, 6, 5.32, tmp_path, {}, set(), clock)
+    print_summary("success", 0.766, 6, seconds / 60, tmp_path, {}, set(), clock, device_time=True)
+    print_summary("success", 0.766, 6, 5.32, tmp_path, {}, set())  # a run here: as before
+    simulated = f"simulated ipu_pod16 (4 gc200 IPUs): {rate:,.0f} img/s, time to train {seconds:.2f} s"
+    assert capsys.readouterr().out.strip().split("\n\n") == [
+        "run_stop status success: 6 epochs, eval top-1 0.7660, time to train 5.32 min of host wall time\n"
+        f"{simulated} (mlperf.clock=device logs it)\noutputs: {tmp_path}",
+        f"run_stop status success: 6 epochs, eval top-1 0.7660, time to train {seconds / 60:.2f} min of simulated"
+        f" time (mlperf.clock=device)\n{simulated}\noutputs: {tmp_path}",
+        f"run_stop status success: 6 epochs, eval top-1 0.7660, time to train 5.32 min\noutputs: {tmp_path}",
+    ]
 
 
 def test_the_mlperf_log_is_stamped_by_its_clock(tmp_path):
@@ -205,6 +242,8 @@ def test_the_smoke_task_trains_on_4_replicas_in_device_time_and_its_log_passes_t
     assert result.returncode == 0, result.stdout + result.stderr
     record_margin("smoke lars, 4 simulated IPU replicas", tmp_path / "mlperf.log", max_epochs=10)
     assert "run_stop status success" in result.stdout
+    assert "img/s simulated  data wait" in result.stdout and "of simulated time (mlperf.clock=device)" in result.stdout
+    assert "\nsimulated ipu_pod16 (4 gc200 IPUs): " in result.stdout
     assert_compliant(tmp_path / "mlperf.log")
     events = {e["key"]: e for e in mllog_events(tmp_path / "mlperf.log")}
     assert "simulated" in events["submission_platform"]["value"]
@@ -220,6 +259,8 @@ def test_the_smoke_task_trains_cut_where_auto_chose_and_its_log_passes_the_check
     result = run_train("experiment=smoke", "device=ipu_pod16", *pipelined, f"hydra.run.dir={tmp_path}", cache=cache_dir)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "device.pipeline_splits=auto cut 2 stages at: [" in result.stdout
+    assert " img/s host  " in result.stdout and " img/s simulated  data wait" in result.stdout
+    assert " of host wall time\nsimulated ipu_pod16 (4 gc200 IPUs): " in result.stdout
     record_margin("smoke lars, 2 simulated replicas of 2 auto-cut stages", tmp_path / "mlperf.log", max_epochs=10)
     assert "run_stop status success" in result.stdout
     assert_compliant(tmp_path / "mlperf.log")

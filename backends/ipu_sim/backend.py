@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from backends.base import RunFacts
+from backends.base import Backend, RunFacts
 from backends.config import DeviceConfig, bn_groups_misfit, pipeline_short_of_micro_batches
 from backends.ipu_sim import simulator
 from backends.ipu_sim.clock import DeviceClock
@@ -227,3 +227,9 @@ def _nothing() -> None:
 
 def _stats(bn: _BatchNorm) -> list[torch.Tensor]:
     return [s for s in (bn.running_mean, bn.running_var, bn.num_batches_tracked) if s is not None]
+
+
+def device_clock(backend: Backend) -> DeviceClock | None:
+    """The simulated system's clock of a backend that runs on one (device=ipu_*, bow_*); None for one that runs
+    here."""
+    return backend.clock if isinstance(backend, IpuSimBackend) else None
