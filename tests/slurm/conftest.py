@@ -9,6 +9,7 @@ import os
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 
@@ -20,30 +21,39 @@ NODES = 2
 FAULT_FIGURES: list[str] = []  # what each fault cost, printed at the end of the session
 
 
-def cluster(*command: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([str(CLUSTER), *command], capture_output=True, text=True, timeout=600)
+def cluster(*command: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(CLUSTER), *command], capture_output=True, text=True, timeout=600, env=env)
+
+
+class Cluster(NamedTuple):
+    conf: Path  # its slurm.conf
+    nodes: int
+    started_here: bool  # by this session, which stops it at the end (one a developer started by hand is left running)
+
+
+def start(nodes: int) -> None:
+    up = cluster("start", "--nodes", str(nodes))
+    assert up.returncode == 0, f"the local SLURM did not start:\n{up.stdout}{up.stderr}"
 
 
 @pytest.fixture(scope="session")
-def slurm() -> Iterator[Path]:
-    """The cluster's slurm.conf, with SLURM_CONF set for this process and what it starts."""
+def slurm() -> Iterator[Cluster]:
+    """The cluster, with SLURM_CONF set for this process and what it starts."""
     can = cluster("can")
     if can.returncode != 0:
         pytest.skip(f"no local SLURM: {can.stdout.strip()}")
-    started = cluster("status").returncode != 0  # a cluster a developer started by hand is left running
+    started = cluster("status").returncode != 0
     if started:
-        nodes = NODES if cluster("can", "--nodes", str(NODES)).returncode == 0 else 1
-        up = cluster("start", "--nodes", str(nodes))
-        assert up.returncode == 0, f"the local SLURM did not start:\n{up.stdout}{up.stderr}"
+        start(NODES if cluster("can", "--nodes", str(NODES)).returncode == 0 else 1)
     with pytest.MonkeyPatch.context() as session:
         session.setenv("SLURM_CONF", str(STATE / "slurm.conf"))
-        yield STATE / "slurm.conf"
+        yield Cluster(STATE / "slurm.conf", len((STATE / "nodes").read_text().split()), started)
     if started:
         cluster("stop")
 
 
 @pytest.fixture(scope="session")
-def two_nodes(slurm: Path) -> list[str]:
+def two_nodes(slurm: Cluster) -> list[str]:
     """The names of the cluster's nodes, each in a network namespace of its own; skipped where it has one."""
     nodes = (STATE / "nodes").read_text().split()
     if len(nodes) < NODES:
@@ -53,7 +63,7 @@ def two_nodes(slurm: Path) -> list[str]:
 
 
 @pytest.fixture(scope="session")
-def whole_run(slurm: Path, cache_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def whole_run(slurm: Cluster, cache_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """LONGER through the sbatch example on one node, never stopped: the run directory every stopped run of these
     tests, on one node or two, must end the same as."""
     run_dir = tmp_path_factory.mktemp("sbatch") / "whole"

@@ -7,8 +7,9 @@
 #   tests/slurm/local_cluster.sh start [--nodes N]  install slurm-wlm and munge if missing (root and apt-get), start
 #                                                   the daemons, wait until every node is idle; prints the SLURM_CONF
 #                                                   line to export
-#   tests/slurm/local_cluster.sh stop               cancel its jobs, stop exactly the daemons `start` started, and
-#                                                   remove the namespaces, links and files it made
+#   tests/slurm/local_cluster.sh stop               cancel its jobs and wait for their steps to end, stop exactly the
+#                                                   daemons `start` started (and kill its job steps left), remove the
+#                                                   namespaces, links and files it made: nothing of it is left
 #   tests/slurm/local_cluster.sh status             exit 0 if this cluster answers with every node idle or busy
 #   tests/slurm/local_cluster.sh can [--nodes N]    exit 0 if this machine can run it; else print why on one line, exit 1
 #
@@ -19,10 +20,13 @@
 #   tests/slurm/local_cluster.sh link nI down|up    cut node nI's link to the bridge, or restore it
 #
 # Everything lives in $RN50PERF_SLURM_DIR (default /tmp/rn50perf-slurm): slurm.conf, its own munge key and socket,
-# state, logs and pid files. Its own ports (16817, 16818) and munge socket keep it apart from a cluster the machine
-# already belongs to; clients find it through SLURM_CONF. The configuration is the smallest that runs jobs without
-# cgroups or accounting: ProctrackType=proctrack/linuxproc, TaskPlugin=task/none, no slurmdbd (so `sacct` has
-# nothing to say, and submitit learns that a job ended from its result file).
+# state, logs and pid files (the names own_files lists), and `made`, what `start` made there and on the machine, which
+# `stop` removes (a `start` that fails keeps its logs until then). A user's files in that folder are never touched:
+# `start` adds its own beside them, and refuses (exit status 2) a folder that holds one of its names but is not its
+# own. Its own ports (16817, 16818) and munge socket keep it apart from a cluster the machine already belongs to;
+# clients find it through SLURM_CONF. The configuration is the smallest that runs jobs without cgroups or
+# accounting: ProctrackType=proctrack/linuxproc, TaskPlugin=task/none, no slurmdbd (so `sacct` has nothing to say,
+# and submitit learns that a job ended from its result file).
 #
 # The nodes' network is 198.18.0.0/24, a range set aside for benchmarking networks (RFC 2544), on the bridge
 # rn50perf-br: the controller is 198.18.0.1 (the bridge's address here), node nI is 198.18.0.(10+I) on the eth0 of
@@ -38,6 +42,8 @@ MAX_NODES=4
 BRIDGE=rn50perf-br
 SUBNET=198.18.0
 CONTROLLER=$SUBNET.1
+
+MADE_BY="# made by tests/slurm/local_cluster.sh start; its stop removes it all"  # the first line of $STATE/made
 
 nodes_asked() {  # --nodes N from the arguments, 1 without it
   local nodes=1
@@ -95,6 +101,48 @@ node_names() {  # the nodes of the running cluster, one a line
   cat "$STATE/nodes"
 }
 
+nodes_of() {  # N: the names of a cluster of N nodes
+  if [ "$1" = 1 ]; then hostname -s; else seq -f 'n%g' "$1"; fi
+}
+
+own_files() {  # node...: the names that start, and the daemons it starts, write in $STATE
+  echo made nodes started apt.log slurm.conf munge.key munge.socket munge.socket.lock munged.pid munged.log \
+    munged.seed slurmctld slurmctld.pid slurmctld.log slurmd
+  local node
+  for node in "$@"; do
+    echo "slurmd-$node.pid" "slurmd-$node.log"
+  done
+}
+
+ours() {  # $STATE is a folder this script made its own
+  [ "$(head -1 "$STATE/made" 2>/dev/null)" = "$MADE_BY" ]
+}
+
+claim() {  # nodes: make $STATE this cluster's: a new folder, or one without any of its names (its files go beside
+  # the others there), or its own, where a cluster that did not stop left its processes and files (removed first)
+  local made_folder=
+  if ours; then
+    grep -qx "folder" "$STATE/made" && made_folder=1
+    stop >/dev/null
+  fi
+  if [ -d "$STATE" ]; then
+    local name taken=()
+    for name in $(own_files $(nodes_of "$1")); do
+      if [ -e "$STATE/$name" ] || [ -L "$STATE/$name" ]; then taken+=("$name"); fi
+    done
+    if [ ${#taken[@]} -gt 0 ]; then
+      echo "error: $STATE holds files by this cluster's names that it did not make (${taken[*]}): set" \
+        "RN50PERF_SLURM_DIR to a new folder (or remove them, if an earlier local_cluster.sh left them)" >&2
+      exit 2
+    fi
+  else
+    mkdir -p -m 700 "$STATE"
+    made_folder=1
+  fi
+  echo "$MADE_BY" >"$STATE/made"
+  [ -z "$made_folder" ] || echo "folder" >>"$STATE/made"
+}
+
 node_address() {  # nI -> its address on the bridge
   echo "$SUBNET.$((10 + ${1#n}))"
 }
@@ -103,13 +151,8 @@ write_config() {  # nodes
   local host machine controller
   host=$(hostname -s)
   machine=$(slurmd -C | head -1 | sed 's/^NodeName=[^ ]* //')  # CPUs=... RealMemory=...: this machine, per node
-  if [ "$1" = 1 ]; then
-    controller=127.0.0.1
-    echo "$host" >"$STATE/nodes"
-  else
-    controller=$CONTROLLER
-    seq -f 'n%g' "$1" >"$STATE/nodes"
-  fi
+  nodes_of "$1" >"$STATE/nodes"
+  if [ "$1" = 1 ]; then controller=127.0.0.1; else controller=$CONTROLLER; fi
   cat >"$SLURM_CONF" <<EOF
 ClusterName=rn50perf
 SlurmctldHost=$host($controller)
@@ -154,6 +197,10 @@ make_network() {  # the bridge with the controller's address, and a namespace pe
   echo "link $BRIDGE" >>"$STATE/made"
   ip addr add "$CONTROLLER/24" dev "$BRIDGE"
   ip link set "$BRIDGE" up
+  if ! [ -d /etc/netns ]; then
+    mkdir /etc/netns
+    echo "etc /etc/netns" >>"$STATE/made"
+  fi
   for node in $(node_names); do
     namespace=rn50perf-$node link=rn50perf-v${node#n}
     ip netns add "$namespace"
@@ -163,7 +210,7 @@ make_network() {  # the bridge with the controller's address, and a namespace pe
     ip -n "$namespace" addr add "$(node_address "$node")/24" dev eth0
     ip -n "$namespace" link set eth0 up
     ip -n "$namespace" link set lo up
-    mkdir -p "/etc/netns/$namespace"
+    mkdir "/etc/netns/$namespace"
     echo "etc /etc/netns/$namespace" >>"$STATE/made"
     hosts_file >"/etc/netns/$namespace/hosts"
   done
@@ -188,10 +235,19 @@ remove_network() {  # what make_network noted, last made first
         ip netns del "$name" 2>/dev/null || true
         ;;
       link) ip link del "$name" 2>/dev/null || true ;;
-      etc) rm -rf "$name" ;;
+      etc) rm -f "$name/hosts" && rmdir "$name" 2>/dev/null || true ;;  # /etc/netns only if nothing else is in it
     esac
   done
+}
+
+remove_files() {  # the files start and its daemons wrote in $STATE, `made` last; the folder if start made it
+  local made_folder= name
+  grep -qx "folder" "$STATE/made" && made_folder=1
+  for name in $(own_files $(node_names 2>/dev/null)); do
+    [ "$name" = made ] || rm -rf "${STATE:?}/$name"
+  done
   rm -f "$STATE/made"
+  [ -z "$made_folder" ] || rmdir "$STATE" 2>/dev/null || true  # a user's files in it keep it
 }
 
 start_daemon() {  # name pidfile command...: start it and note it as ours
@@ -238,13 +294,9 @@ start() {  # nodes
     echo "already up (SLURM_CONF=$SLURM_CONF)"
     return
   fi
-  mkdir -p "$STATE"
-  chmod 700 "$STATE"
+  claim "$1"
   install_packages
-  stop_started
-  remove_network
-  rm -rf "$STATE/slurmctld" "$STATE/slurmd"
-  mkdir -p "$STATE/slurmctld" "$STATE/slurmd"
+  mkdir "$STATE/slurmctld" "$STATE/slurmd"
   write_config "$1"
   [ "$1" = 1 ] || make_network
   [ -s "$STATE/munge.key" ] || mungekey --create --keyfile="$STATE/munge.key"
@@ -267,41 +319,71 @@ start() {  # nodes
 }
 
 status() {
-  [ -f "$SLURM_CONF" ] && [ -f "$STATE/started" ] && [ -f "$STATE/nodes" ] || return 1
+  ours && [ -f "$SLURM_CONF" ] && [ -f "$STATE/started" ] && [ -f "$STATE/nodes" ] || return 1
   all_nodes idle mixed allocated completing
 }
 
-stop_started() {  # the daemons in $STATE/started, and only if they are still those processes: all at once, as
-  [ -f "$STATE/started" ] || return 0  # each takes about 2 s to stop
-  local name pid pids=()
+running() {  # [name]: the daemons in $STATE/started (those called name) still running as those processes; a zombie
+  # (ended, its name kept until its parent reaps it) is not running
+  [ -f "$STATE/started" ] || return 0
+  local name pid
   while read -r name pid; do
-    [ "$(cat "/proc/$pid/comm" 2>/dev/null)" = "$name" ] && pids+=("$pid")
+    if [ "${1:-$name}" = "$name" ] && ps -p "$pid" -o state=,comm= | grep -qx "[^Z] $name"; then echo "$pid"; fi
   done <"$STATE/started"
-  if [ ${#pids[@]} -gt 0 ]; then
-    kill "${pids[@]}" 2>/dev/null || true
+}
+
+stop_started() {  # the daemons start started, all at once (each may take seconds to stop)
+  local pids
+  pids=$(running)
+  if [ -n "$pids" ]; then
+    kill $pids 2>/dev/null || true
     for _ in $(seq 100); do
-      kill -0 "${pids[@]}" 2>/dev/null || break
+      [ -n "$(running)" ] || break
       sleep 0.1
     done
   fi
   rm -f "$STATE/started"
 }
 
+steps() {  # this cluster's job steps: its slurmstepd and srun processes (by the SLURM_CONF slurmd gives its
+  # slurmstepd and a job its srun: never another cluster's), with every process under them
+  local pid
+  for pid in $(pgrep -x 'slurmstepd|srun'); do
+    if tr '\0' '\n' 2>/dev/null <"/proc/$pid/environ" | grep -qxF "SLURM_CONF=$SLURM_CONF"; then
+      with_children "$pid"
+    fi
+  done
+}
+
+with_children() {  # pid...: each, and every process under it
+  local pid
+  for pid in "$@"; do
+    echo "$pid"
+    with_children $(pgrep -P "$pid")
+  done
+}
+
 stop() {
-  if status; then
-    scancel --full --quiet --partition=debug 2>/dev/null || true
+  ours || { echo "stopped (nothing of this script's in $STATE)"; return; }
+  # SLURM ends its jobs' steps (SIGTERM, then SIGKILL after KillWait) while its daemons run; the steps left after
+  # that (or where the controller is gone) are killed here, as srun and slurmstepd outlive slurmd.
+  if [ -n "$(running slurmctld)" ] && scancel --full --quiet --partition=debug 2>/dev/null; then
     for _ in $(seq 150); do
-      [ -z "$(squeue -h -o %i 2>/dev/null)" ] && break
+      [ -z "$(squeue -h -o %i 2>/dev/null)" ] && [ -z "$(steps)" ] && break
       sleep 0.2
     done
   fi
   stop_started
+  local left
+  left=$(steps)
+  [ -z "$left" ] || kill -9 $left 2>/dev/null || true
   remove_network
+  remove_files
   echo "stopped"
 }
 
 a_node() {  # nI: one of this cluster's nodes in namespaces, or exit 2
-  [ -f "$STATE/made" ] && node_names | grep -qx "${1:-}" \
+  ours && grep -qx "netns rn50perf-${1:-}" "$STATE/made" \
     || { echo "no node '${1:-}' in a namespace of this cluster (start --nodes N makes n1..nN)" >&2; exit 2; }
 }
 
