@@ -83,11 +83,13 @@ class SlurmLauncher(SubmititSlurmLauncher):
 
     def setup(self, *, hydra_context: Any, task_function: TaskFunction, config: DictConfig) -> None:
         super().setup(hydra_context=hydra_context, task_function=ScriptTask.of(task_function), config=config)
+        # The sweeper makes the sweep's folder after this, as the sweep begins: a folder already there is the user's.
+        self.sweep_folder_was_there = Path(config.hydra.sweep.dir).exists()
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
         """The stock launch; a cluster that cannot take the jobs (no sbatch here, its controller out of reach) is
         told in one line, sbatch's last, in place of submitit's traceback and of sbatch's own lines (which submitit
-        prints before it raises), and the sweep's folder, which then holds no job, goes."""
+        prints before it raises), and the sweep's folder, which then holds no job, goes if the sweep made it."""
         from submitit.core.utils import FailedJobError, FailedSubmissionError
 
         assert self.config is not None  # Hydra calls setup first
@@ -97,14 +99,15 @@ class SlurmLauncher(SubmititSlurmLauncher):
             with contextlib.redirect_stderr(printed):
                 jobs = super().launch(job_overrides, initial_job_idx)
         except FileNotFoundError as err:
-            forget_unsubmitted_sweep(sweep)
+            forget_unsubmitted_sweep(sweep, made_by_this_sweep=not self.sweep_folder_was_there)
             raise LaunchError(
                 f"hydra/launcher=slurm: {err.filename or 'sbatch'} is not on this machine's PATH"
             ) from err
         except (FailedJobError, FailedSubmissionError) as err:
-            if not forget_unsubmitted_sweep(sweep):
+            if submitted(sweep):
                 sys.stderr.write(printed.getvalue())  # a job that ran and failed: everything submitit said
                 raise
+            forget_unsubmitted_sweep(sweep, made_by_this_sweep=not self.sweep_folder_was_there)
             said = [line.strip() for line in str(err).splitlines() if line.strip()] or ["no reason given"]
             raise LaunchError(f"hydra/launcher=slurm: sbatch could not submit the jobs: {said[-1]}") from err
         sys.stderr.write(printed.getvalue())
@@ -137,16 +140,17 @@ class SlurmLauncher(SubmititSlurmLauncher):
         return result
 
 
-def forget_unsubmitted_sweep(folder: Path) -> bool:
-    """Remove the folder of a sweep none of whose jobs reached SLURM (Hydra's multirun.yaml and submitit's
-    submission files, no job's folder); whether it was one."""
-    if not folder.is_dir():
-        return False
-    made_before_sbatch = {path.name for path in folder.iterdir()} <= {"multirun.yaml", ".submitit"}
-    if not made_before_sbatch or any(path.is_dir() for path in (folder / ".submitit").glob("*")):
-        return False
-    shutil.rmtree(folder, ignore_errors=True)
-    return True
+def submitted(sweep: Path) -> bool:
+    """Whether a job of the sweep in this folder reached SLURM: submitit makes a folder for each job it submitted."""
+    return any(path.is_dir() for path in (sweep / ".submitit").glob("*"))
+
+
+def forget_unsubmitted_sweep(folder: Path, made_by_this_sweep: bool) -> None:
+    """Remove the folder of a sweep none of whose jobs reached SLURM, if the sweep made it and it holds only what
+    Hydra and submitit wrote before sbatch (multirun.yaml, .submitit's submission files). A folder that was there
+    before is the user's: nothing in it is removed."""
+    if made_by_this_sweep and {path.name for path in folder.iterdir()} <= {"multirun.yaml", ".submitit"}:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def requeue_this_job() -> None:

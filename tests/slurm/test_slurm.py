@@ -22,6 +22,7 @@ from tests.conftest import (
     assert_compliant,
     assert_same_run,
     mllog_events,
+    run_train,
     time_to_train_min,
 )
 from tests.slurm.jobs import (
@@ -65,6 +66,22 @@ def test_a_task_defined_by_the_running_script_travels_by_name(tmp_path):
     pickled = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, check=True).stdout
     task = pickle.loads(pickled)  # in a process that never ran the script: it imports it
     assert task(OmegaConf.create({"classes": ["a", "b", "c"]})) == 3
+
+
+def test_a_sweep_slurm_cannot_take_leaves_a_users_folder_as_it_was(slurm, cache_dir, tmp_path):
+    """hydra.sweep.dir given as a folder of the user's, on a machine whose SLURM cannot take the jobs (an empty
+    slurm.conf): the same one line, and the folder stays with the user's file, byte for byte, though it holds only
+    a .submitit, as a folder the sweep made would (that one goes: tests/test_sweeps.py)."""
+    (tmp_path / "slurm.conf").write_text("")
+    mine = tmp_path / "mine"
+    notes = mine / ".submitit" / "notes.bin"
+    notes.parent.mkdir(parents=True)
+    notes.write_bytes(b"my notes on an earlier sweep\n\x00\xff")
+    overrides = ("-m", "hydra/launcher=slurm", f"hydra.sweep.dir={mine}")
+    result = run_train(*overrides, cache=cache_dir, env={"SLURM_CONF": str(tmp_path / "slurm.conf")})
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.startswith("error: hydra/launcher=slurm: sbatch could not submit the jobs: sbatch: fatal: ")
+    assert notes.read_bytes() == b"my notes on an earlier sweep\n\x00\xff"
 
 
 def test_a_hydra_launcher_job_warned_before_its_time_limit_requeues_itself_and_resumes(
