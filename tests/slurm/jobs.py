@@ -110,10 +110,13 @@ def assert_resumed_once(run_dir: Path, reason: str) -> None:
     assert_compliant(run_dir / "mlperf.log")
 
 
-def sbatch(run_dir: Path, cache: Path, *overrides: str, where: tuple[str, ...] = ON_THIS_NODE) -> str:
-    """Submit the sbatch example from the repository, as its comment says, on the nodes `where` asks for; returns
-    the job id."""
-    command = ["sbatch", "--parsable", *where, f"--output={run_dir}.out", str(SBATCH), "device=cpu", *overrides]
+def sbatch(
+    run_dir: Path, cache: Path, *overrides: str, where: tuple[str, ...] = ON_THIS_NODE, output: bool = True
+) -> str:
+    """Submit the sbatch example from the repository, as its comment says, on the nodes `where` asks for, its
+    output to {run_dir}.out (output=False: where the example sends it); returns the job id."""
+    to = [f"--output={run_dir}.out"] if output else []
+    command = ["sbatch", "--parsable", *where, *to, str(SBATCH), "device=cpu", *overrides]
     env = job_environment(cache, RUN_DIR=str(run_dir))
     return subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, check=True).stdout.strip()
 

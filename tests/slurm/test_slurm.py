@@ -143,6 +143,27 @@ def test_the_sbatch_example_runs_two_ranks_whose_log_passes_the_checker(whole_ru
     assert_compliant(whole_run / "mlperf.log")
 
 
+def test_the_sbatch_examples_output_is_where_it_says_and_git_ignores_it(slurm, cache_dir, tmp_path):
+    """Submitted from the repository without --output, as its comment shows: the job's lines are in
+    slurm-<job id>.out there, and `git status` shows nothing of it (here the job of a refused run on one rank: it
+    ends at once, and leaves no run folder). Held until the test knows its id, the name of its output."""
+    one_rank = ("--ntasks-per-node=1", "--gpus-per-node=0", "--cpus-per-task=1", "--mem=4G", "--hold")
+    job = sbatch(tmp_path / "refused", cache_dir, "optim.base_lrr=4", where=one_rank, output=False)
+    out = REPO / f"slurm-{job}.out"
+    if out.exists():  # a user's, from a job of an earlier cluster with the same id: this job would append to it
+        subprocess.run(["scancel", job], check=True)
+        pytest.skip(f"{out} is there already: this test would write to it")
+    subprocess.run(["scontrol", "release", job], check=True)
+    try:
+        wait_for_job(job)
+        assert "error: optim.base_lrr: no such key; did you mean optim.base_lr?" in out.read_text()
+        git = ["git", "status", "--porcelain", "--untracked-files=all"]
+        assert out.name not in subprocess.run(git, cwd=REPO, capture_output=True, text=True, check=True).stdout
+        assert not (tmp_path / "refused").exists()
+    finally:
+        out.unlink(missing_ok=True)
+
+
 @pytest.mark.slow  # on two nodes in make test (test_multinode.py)
 def test_an_sbatch_job_requeued_by_slurm_resumes_to_the_same_weights(slurm, whole_run, cache_dir, tmp_path):
     run_dir = tmp_path / "requeued"
