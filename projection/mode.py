@@ -1,5 +1,6 @@
 """run.mode=project: the projected time to train on hardware the run does not execute on (no data, no MLPerf log),
-printed and kept in the run directory: projection.txt (all of it) and projection.json (its figures, the last line).
+printed after what it projects (the dataset, the recipe, the global batch) and kept in the run directory:
+projection.txt (all of it) and projection.json (its figures, the last line).
 A simulated IPU system (device=ipu_pod*, bow_pod*) gets its memory plan too; a GPU cluster (device=dgx_*,
 pcie_l40s) its step from the model calibrated on NVIDIA's results, or from a step measured on one of its GPUs."""
 
@@ -24,8 +25,8 @@ from projection.run import Epochs, Schedule, given_epochs, reference_epochs
 
 
 def project(cfg: Config, out_dir: Path | None, command_line: Sequence[str]) -> None:
-    """Print the projection and write it into `out_dir` too (rank 0's). `command_line` holds the run's overrides:
-    whether it names run.max_epochs."""
+    """Print the projection, after what it projects, and write it into `out_dir` too (rank 0's). `command_line`
+    holds the run's overrides: whether it names run.max_epochs, and the experiment it chooses."""
     torch.manual_seed(cfg.run.seed)
     text = gpu_projection(cfg, command_line) if gpu_cluster(cfg.device) else ipu_projection(cfg)
     said, figures = text.rsplit("\n", 1)
