@@ -128,7 +128,7 @@ def run(raw: DictConfig) -> float | None:
             benchmark(cfg, topology)
         elif cfg.run.mode == "project":
             out_dir = Path(HydraConfig.get().runtime.output_dir) if topology.is_main else None
-            project(cfg, out_dir, HydraConfig.get().overrides.task)
+            project(cfg, out_dir, HydraConfig.get().overrides.task, HydraConfig.get().runtime.choices["experiment"])
         else:
             catch_stop_signals()  # SIGTERM, SIGINT, SIGUSR1: checkpoint and end the log at the next step boundary
             out_dir = distributed.agree_on_output_dir(Path(HydraConfig.get().runtime.output_dir))

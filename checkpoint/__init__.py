@@ -53,12 +53,8 @@ def restore_point(out_dir: Path, log_file: str, resume: str, fingerprint: dict[s
             state = "a stopped run"
             advice = f"continue it with run.resume=auto (as {out_dir / rundir.RESUME_SCRIPT} does), or {advice}"
         raise ConfigError("run.resume", f"{out_dir} already holds {state}; {advice}")
-    if clashes := rundir.would_overwrite(out_dir, log_file):
-        raise ConfigError(
-            "hydra.run.dir",
-            f"{out_dir} already holds {', '.join(clashes)}, which a run writes; give a new hydra.run.dir "
-            "(nothing there was changed)",
-        )
+    if refusal := rundir.refusal_to_overwrite(out_dir, lambda name: rundir.written_by_run(name, log_file), "a run"):
+        raise ConfigError("hydra.run.dir", refusal)
     return None
 
 

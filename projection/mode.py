@@ -15,6 +15,7 @@ import torch
 import rundir
 from backends.config import gpu_cluster, simulated
 from backends.ipu_sim import simulator
+from configs.checks import ConfigError
 from configs.schema import Config, batch_shape
 from data.datasets import IMAGENET_TRAIN_IMAGES, dataset_size
 from projection.gpu.cost import Layout
@@ -24,17 +25,22 @@ from projection.ipu import report
 from projection.run import Epochs, Schedule, given_epochs, reference_epochs
 
 
-def project(cfg: Config, out_dir: Path | None, command_line: Sequence[str]) -> None:
+def project(cfg: Config, out_dir: Path | None, command_line: Sequence[str], recipe: str) -> None:
     """Print the projection, after what it projects, and write it into `out_dir` too (rank 0's). `command_line`
-    holds the run's overrides: whether it names run.max_epochs, and the experiment it chooses."""
+    holds the run's overrides (whether they name run.max_epochs), `recipe` the experiment Hydra composed. An
+    `out_dir` that already holds a projection's files is refused: they may be a user's."""
+    if out_dir is not None and (
+        refusal := rundir.refusal_to_overwrite(out_dir, PROJECTION_FILES.__contains__, "a projection")
+    ):
+        raise ConfigError("hydra.run.dir", refusal)
     torch.manual_seed(cfg.run.seed)
     text = gpu_projection(cfg, command_line) if gpu_cluster(cfg.device) else ipu_projection(cfg)
     said, figures = text.rsplit("\n", 1)
-    said = "\n".join([*subject(cfg, command_line), said])
+    said = "\n".join([*subject(cfg, recipe), said])
     if out_dir is not None:  # named before the figures, which stay the last line
         kept = f"{rundir.PROJECTION_TEXT}: all of this; {rundir.PROJECTION_JSON}: the last line"
         said += f"\noutputs: {out_dir} ({kept})"
-    figures = json.dumps(json.loads(figures) | subject_figures(cfg, command_line))
+    figures = json.dumps(json.loads(figures) | subject_figures(cfg, recipe))
     text = f"{said}\n{figures}"
     print(text, flush=True)
     if out_dir is not None:
@@ -43,24 +49,20 @@ def project(cfg: Config, out_dir: Path | None, command_line: Sequence[str]) -> N
 
 
 EXPERIMENTS = Path(__file__).resolve().parent.parent / "configs" / "experiment"
+PROJECTION_FILES = frozenset({rundir.PROJECTION_TEXT, rundir.PROJECTION_JSON})
 
 
-def experiment(command_line: Sequence[str]) -> str | None:
-    """The experiment the command line chooses (the last, as Hydra takes it); None where it chooses none."""
-    chosen = [item.split("=", 1)[1] for item in command_line if item.lstrip("+").split("=", 1)[0] == "experiment"]
-    return chosen[-1] if chosen else None
-
-
-def subject(cfg: Config, command_line: Sequence[str]) -> list[str]:
+def subject(cfg: Config, recipe: str) -> list[str]:
     """What is projected, before the answer: the dataset and its training images, the recipe and the global batch;
     for the embedded synthetic set, that it is not ImageNet and what to add to project ImageNet."""
     _, images, _ = dataset_size(cfg.data)
-    chosen = experiment(command_line)
-    recipe = f"recipe experiment={chosen}" if chosen else "recipe: the defaults (no experiment given)"
     if cfg.data.name == "imagenet":
-        return [f"projecting ImageNet ({images:,} training images), {recipe}, global batch {cfg.data.global_batch:,}"]
+        return [
+            f"projecting ImageNet ({images:,} training images), recipe experiment={recipe},"
+            f" global batch {cfg.data.global_batch:,}"
+        ]
     return [
-        f"projecting the embedded synthetic set ({images:,} training images), {recipe},"
+        f"projecting the embedded synthetic set ({images:,} training images), recipe experiment={recipe},"
         f" global batch {cfg.data.global_batch:,}",
         f"not ImageNet: an epoch here is the embedded set's {images:,} images, not ImageNet's"
         f" {IMAGENET_TRAIN_IMAGES:,}; add {imagenet_recipe(cfg)} to project ImageNet",
@@ -77,13 +79,13 @@ def imagenet_recipe(cfg: Config) -> str:
     return f"experiment={found[0] if found else 'imagenet'}"
 
 
-def subject_figures(cfg: Config, command_line: Sequence[str]) -> dict[str, object]:
+def subject_figures(cfg: Config, recipe: str) -> dict[str, object]:
     """subject() for the JSON line."""
     _, train_images, _ = dataset_size(cfg.data)
     return {
         "dataset": cfg.data.name,
         "train_images": train_images,
-        "experiment": experiment(command_line),
+        "experiment": recipe,
         "global_batch": cfg.data.global_batch,
     }
 

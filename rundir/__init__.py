@@ -34,6 +34,7 @@ This package imports nothing of the project: anything may import it.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -92,11 +93,16 @@ def written_by_run(name: str, log_file: str = MLPERF_LOG) -> bool:
     return name in NAMES | partial | {log_file} or re.fullmatch(attempt, name) is not None
 
 
-def would_overwrite(directory: Path, log_file: str = MLPERF_LOG) -> list[str]:
-    """The entries of `directory` that a new run would write over: every name a run writes but Hydra's own, which
-    Hydra has written as the job starts (its .hydra/ record, and train.log, which it appends to)."""
+def refusal_to_overwrite(directory: Path, writes: Callable[[str], bool], writer: str) -> str | None:
+    """One line refusing `directory` as a run directory when it already holds an entry that `writer` writes
+    (`writes(name)`), Hydra's own aside (its .hydra/ record and train.log, which Hydra has written as the job
+    starts); None when it holds none."""
     names = (path.name for path in directory.iterdir()) if directory.is_dir() else ()
-    return sorted(name for name in names if written_by_run(name, log_file) and name not in (HYDRA, JOB_LOG))
+    clashes = sorted(name for name in names if writes(name) and name not in (HYDRA, JOB_LOG))
+    if not clashes:
+        return None
+    listed = ", ".join(clashes)
+    return f"{directory} already holds {listed}, which {writer} writes; give a new hydra.run.dir (nothing was changed)"
 
 
 def recorded_config(directory: Path) -> dict[str, Any]:
@@ -156,7 +162,7 @@ __all__ = [
     "is_run_dir",
     "mlperf_log",
     "recorded_config",
+    "refusal_to_overwrite",
     "temporary",
-    "would_overwrite",
     "written_by_run",
 ]

@@ -94,6 +94,15 @@ def composed(*overrides: str, world_size: int = 1) -> Config:
     return cfg
 
 
+def chosen_experiment(*overrides: str) -> str:
+    """The experiment Hydra composes for `overrides` (configs/config.yaml's default where they choose none), which
+    train.py hands a projection as its recipe."""
+    with initialize_config_dir(config_dir=str(REPO / "configs"), version_base="1.3"):
+        return str(
+            compose("config", overrides=list(overrides), return_hydra_config=True).hydra.runtime.choices.experiment
+        )
+
+
 def config_error(*overrides: str, world_size: int = 1) -> str:
     """The message of the line `error: ...` with which train.py refuses `overrides` (configs.errors.describe)."""
     with pytest.raises(CONFIG_ERRORS) as refused:

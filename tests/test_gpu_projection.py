@@ -17,7 +17,7 @@ from projection.gpu.cost import Layout
 from projection.gpu.measured import read_fed, read_measured
 from projection.mode import gpu_projection, project
 from projection.run import Schedule, first_evaluation_from, reference_epochs
-from tests.conftest import composed, run_train
+from tests.conftest import chosen_experiment, composed, run_train
 
 DEVICES = ("dgx_a100", "dgx_h100", "dgx_h200", "pcie_l40s")
 
@@ -158,7 +158,7 @@ def test_a_step_measured_on_one_gpu_sets_the_compute_of_every_gpu(fitted, tmp_pa
 
 def projected_lines(capsys, *command_line: str) -> list[str]:
     """What `train.py COMMAND_LINE` prints for a projection, in process."""
-    project(composed(*command_line), None, command_line)
+    project(composed(*command_line), None, command_line, chosen_experiment(*command_line))
     return capsys.readouterr().out.splitlines()
 
 
@@ -166,13 +166,12 @@ def test_a_projection_of_the_embedded_set_names_it_and_says_it_is_not_imagenet(f
     """train.py run.mode=project device=dgx_h200 device.nodes=4, with no experiment: the embedded set at batch 64."""
     lines = projected_lines(capsys, "run.mode=project", "device=dgx_h200", "device.nodes=4")
     assert lines[:2] == [
-        "projecting the embedded synthetic set (1,000 training images), recipe: the defaults (no experiment given),"
-        " global batch 64",
+        "projecting the embedded synthetic set (1,000 training images), recipe experiment=embedded, global batch 64",
         "not ImageNet: an epoch here is the embedded set's 1,000 images, not ImageNet's 1,281,167; add"
         " experiment=imagenet to project ImageNet",
     ]
     assert lines[2].startswith("projected time to train (35 epochs): ")
-    named = {"dataset": "synthetic", "train_images": 1000, "experiment": None, "global_batch": 64}
+    named = {"dataset": "synthetic", "train_images": 1000, "experiment": "embedded", "global_batch": 64}
     assert named.items() <= json.loads(lines[-1]).items()
 
 

@@ -24,8 +24,9 @@ from projection.ipu.assumptions import ASSUMPTIONS
 from projection.ipu.calibrate import POD64
 from projection.mode import project, subject
 from projection.run import Schedule
-from tests.conftest import assert_compliant, composed, mllog_events, record_margin, run_train
+from tests.conftest import assert_compliant, chosen_experiment, composed, mllog_events, record_margin, run_train
 from tests.systems import system
+from tests.user_folder import files
 
 # ResNet-50 at 224 px, fp32, 8 images per micro-batch on one IPU: 1.2 GB without recomputation, 0.7 GB with it.
 SMALL = ("data.image_size=32", "data.eval_resize=36")  # the probe at 32 px: a clock in a fraction of a second
@@ -100,7 +101,7 @@ def test_a_v1_1_recipe_on_a_bow_system_is_told_where_its_checkpoints_moved():
 
 def test_a_pod256_recipe_is_projected_with_its_ranges_and_kept(tmp_path, capsys):
     command_line = ("run.mode=project", "experiment=mlperf_bow_pod256")
-    project(composed(*command_line), tmp_path, command_line)
+    project(composed(*command_line), tmp_path, command_line, "mlperf_bow_pod256")
     stdout = capsys.readouterr().out
     figures = json.loads(stdout.strip().splitlines()[-1])
     assert (tmp_path / "projection.txt").read_text() == stdout  # the run directory keeps what was printed
@@ -129,6 +130,11 @@ def test_a_pod256_recipe_is_projected_with_its_ranges_and_kept(tmp_path, capsys)
     assert figures["dataset"] == "imagenet" and figures["train_images"] == 1_281_167
     assert (figures["experiment"], figures["global_batch"]) == ("mlperf_bow_pod256", 10_240)
 
+    kept = files(tmp_path)  # a folder holding a projection's files, perhaps a user's: refused before any work
+    with pytest.raises(ConfigError, match=r"already holds projection\.json, projection\.txt, which a projection"):
+        project(composed(*command_line), tmp_path, command_line, "mlperf_bow_pod256")
+    assert files(tmp_path) == kept
+
 
 @pytest.mark.parametrize(
     ("device", "recipe"),
@@ -137,10 +143,9 @@ def test_a_pod256_recipe_is_projected_with_its_ranges_and_kept(tmp_path, capsys)
 def test_a_projection_of_the_embedded_set_says_which_recipe_projects_imagenet_on_the_system(device, recipe):
     """Graphcore's recipe for the system, or for one of its size (which keeps the device the command line names)."""
     command_line = ("run.mode=project", f"device={device}")
-    said = subject(composed(*command_line), command_line)
+    said = subject(composed(*command_line), chosen_experiment(*command_line))
     assert said[0] == (
-        "projecting the embedded synthetic set (1,000 training images), recipe: the defaults (no experiment given),"
-        " global batch 64"
+        "projecting the embedded synthetic set (1,000 training images), recipe experiment=embedded, global batch 64"
     )
     assert said[1].endswith(f"not ImageNet's 1,281,167; add experiment={recipe} to project ImageNet")
     assert composed(*command_line, f"experiment={recipe}").data.name == "imagenet"

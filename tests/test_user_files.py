@@ -152,7 +152,7 @@ def test_a_run_directory_holding_a_users_files_is_refused_and_left_as_it_was(run
     assert run["status"] == 2
     assert run["stderr"] == (
         f"error: hydra.run.dir: {own_dir} already holds config.yaml, model.pt, which a run writes; "
-        "give a new hydra.run.dir (nothing there was changed)\n"
+        "give a new hydra.run.dir (nothing was changed)\n"
     )
     before, after = runs["before"]["run dir"], files(own_dir)
     assert {name: after[name] for name in before} == before

@@ -95,7 +95,7 @@ def report(
     """The projected time to train and throughput first, then the system (and `notes` on how its round runs), the
     memory table, the cost model's report and its ranges, where it extrapolates, and last one JSON line of figures."""
     memory = {"ipu_memory_mb": [round(row.total_mb, 1) for row in planned.memory.rows], "fits": planned.memory.fits}
-    hosts = f"{system.hosts} hosts, {system.host_cores} host cores"
+    hosts = f"{system.hosts} host{'s' if system.hosts > 1 else ''}, {system.host_cores} host cores"
     return "\n".join(
         [
             uncertainty.headline(spread, epochs) + "\n",
