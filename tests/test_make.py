@@ -18,13 +18,19 @@ from tests.conftest import ALL_EPOCHS, REPO, TINY_RUN, train_env
 SET_UP = ("-o", ".venv/.installed", "-o", f"data/jpeg/_jpeg{sysconfig.get_config_var('EXT_SUFFIX')}")
 
 
+def top_level(env: dict[str, str]) -> dict[str, str]:
+    """`env` without what an enclosing make passes down (`make test` runs this test), so that this make is the
+    user's, at the top level: its lines are make's, not make[1]'s."""
+    return {name: value for name, value in env.items() if name not in ("MAKELEVEL", "MAKEFLAGS", "MFLAGS")}
+
+
 def test_ctrl_c_during_make_train_ends_make_by_sigint_after_the_run_checkpointed(cache_dir, tmp_path):
     run_dir = tmp_path / "run"
     args = " ".join((*TINY_RUN, "run.max_epochs=2", *ALL_EPOCHS, f"hydra.run.dir={run_dir}"))
     output = tmp_path / "make.out"
     with output.open("w") as sink:
         make = subprocess.Popen(
-            ["make", *SET_UP, "train", f"ARGS={args}"], cwd=REPO, env=train_env(cache_dir), stdout=sink,
+            ["make", *SET_UP, "train", f"ARGS={args}"], cwd=REPO, env=top_level(train_env(cache_dir)), stdout=sink,
             stderr=subprocess.STDOUT, start_new_session=True,
         )  # fmt: skip
     try:
