@@ -59,7 +59,7 @@ from distributed.stop import StopRequested, catch_stop_signals
 from mlperf_logs.hyperparameters import Hyperparameters, Submission, log_hyperparameters, log_submission
 from mlperf_logs.logger import MLPerfLogger, constants
 from monitor.metrics import EpochMetrics, EpochTimer, MetricsCSV, plot
-from monitor.progress import Progress, epoch_line, job_log, print_summary, say
+from monitor.progress import Progress, Simulated, epoch_line, job_log, print_summary, say
 from optim.precision import NonFiniteLoss, Policy
 from optim.schedule import Schedule
 from projection.mode import listed_cuts, project
@@ -184,6 +184,7 @@ class Run:
     val_loader: Loader
     schedule: Schedule
     steps_per_epoch: int  # a whole epoch's (the loader's length is what is left of the epoch it was set to)
+    simulated: Simulated | None  # a simulated system's clock, shown beside the host's
     loop: Loop = field(default_factory=Loop)
     saved_step: int | None = None  # the step of the checkpoint in out_dir, None before the first
 
@@ -230,7 +231,10 @@ def train(cfg: Config, out_dir: Path, topology: Topology, resolved: str) -> tupl
     schedule = Schedule.for_run(cfg.optim, cfg.run.max_epochs, steps_per_epoch)
     tensorboard = out_dir / rundir.TENSORBOARD if cfg.run.tensorboard else None
     metrics = MetricsCSV(out_dir / rundir.METRICS if topology.is_main else None, tensorboard)
-    run = Run(cfg, out_dir, topology, log, metrics, backend, train_loader, val_loader, schedule, steps_per_epoch)
+    simulated = simulated_clock(backend, logged=cfg.mlperf.clock == "device")
+    run = Run(
+        cfg, out_dir, topology, log, metrics, backend, train_loader, val_loader, schedule, steps_per_epoch, simulated
+    )
     if checkpoint is None:
         hp = Hyperparameters.of_run(cfg.optim, facts.shape, schedule.decay_steps, len(train_split), len(val_split))
         log_hyperparameters(log, hp)
@@ -251,6 +255,12 @@ def train(cfg: Config, out_dir: Path, topology: Topology, resolved: str) -> tupl
                 raise lost from err
             raise
     return finish(run, status, accuracy)
+
+
+def simulated_clock(backend: Backend, logged: bool) -> Simulated | None:
+    """The simulated system's clock of a backend that runs on one, as the run's lines show it; None elsewhere."""
+    clock = device_clock(backend)
+    return None if clock is None else Simulated(clock, logged)
 
 
 def announce(cfg: Config, facts: RunFacts) -> None:
@@ -328,10 +338,7 @@ def finish(run: Run, status: str, accuracy: float | None) -> tuple[str, float]:
             (run.out_dir / name).unlink(missing_ok=True)
         skipped = {**run.train_loader.skipped, **run.val_loader.skipped}
         warned = run.train_loader.warned | run.val_loader.warned
-        simulated, device_time = device_clock(run.backend), run.cfg.mlperf.clock == "device"
-        print_summary(
-            status, accuracy, run.loop.epoch - 1, minutes, run.out_dir, skipped, warned, simulated, device_time
-        )
+        print_summary(status, accuracy, run.loop.epoch - 1, minutes, run.out_dir, skipped, warned, run.simulated)
     return status, minutes
 
 
@@ -348,7 +355,6 @@ def train_to_target(run: Run) -> tuple[str, float | None]:
     Times are on the log's clock.
     """
     cfg, backend, log, loop = run.cfg, run.backend, run.log, run.loop
-    simulated, device_time = device_clock(backend), cfg.mlperf.clock == "device"  # shown beside the host's
     evals = cfg.mlperf.eval_epochs(cfg.run.max_epochs)
     quiet = not run.topology.is_main
     progress = Progress("none" if quiet else cfg.run.progress, cfg.run.max_epochs, cfg.data.global_batch)
@@ -392,7 +398,7 @@ def train_to_target(run: Run) -> tuple[str, float | None]:
             **timer.fractions(),
         )
         run.metrics.append(row)
-        progress.end_epoch(epoch_line(cfg.run.max_epochs, row, simulated, device_time))
+        progress.end_epoch(epoch_line(cfg.run.max_epochs, row, run.simulated))
         loop.epoch, loop.batch, loop.losses = epoch + 1, 0, []
         if accuracy is not None and accuracy >= cfg.mlperf.target_accuracy:
             return constants.SUCCESS, accuracy

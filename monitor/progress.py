@@ -7,6 +7,7 @@ import logging
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import NoReturn, Protocol
 
@@ -90,23 +91,29 @@ class SimulatedClock(Protocol):
     def elapsed_s(self) -> float: ...
 
 
-def epoch_line(
-    max_epochs: int, row: EpochMetrics, simulated: SimulatedClock | None = None, device_time: bool = False
-) -> str:
+@dataclass(frozen=True)
+class Simulated:
+    """A simulated system's `clock` as a run's lines show it beside the host's; `logged`: the MLPerf log, and so the
+    rows' rates and the time to train, are on it (mlperf.clock=device)."""
+
+    clock: SimulatedClock
+    logged: bool
+
+
+def epoch_line(max_epochs: int, row: EpochMetrics, simulated: Simulated | None = None) -> str:
     """The epoch's figures, with the share of its wall time spent waiting for data (and for the all-reduce). On a
-    `simulated` system, its own throughput beside the host's; with `device_time` (mlperf.clock=device) the row's
-    rate is already the system's."""
+    `simulated` system, its own throughput beside the host's."""
     line = f"epoch {row.epoch:3d}/{max_epochs}  loss {row.train_loss:.4f}  lr {row.lr:<9.4g}"
-    line += f"{row.images_per_s:7.1f} img/s{rates(simulated, device_time)}  data wait {row.data_wait:4.0%}"
+    line += f"{row.images_per_s:7.1f} img/s{rates(simulated)}  data wait {row.data_wait:4.0%}"
     line += f"  all-reduce {row.allreduce:4.0%}" if row.allreduce else ""
     return line + (f"  eval top-1 {row.eval_accuracy:.4f}" if row.eval_accuracy is not None else "")
 
 
-def rates(simulated: SimulatedClock | None, device_time: bool) -> str:
+def rates(simulated: Simulated | None) -> str:
     """What follows the epoch's img/s: on a simulated system, whose rate it is, and the other."""
     if simulated is None:
         return ""
-    return " simulated" if device_time else f" host  {simulated.img_s:.1f} img/s simulated"
+    return " simulated" if simulated.logged else f" host  {simulated.clock.img_s:.1f} img/s simulated"
 
 
 def print_summary(
@@ -117,8 +124,7 @@ def print_summary(
     out_dir: Path,
     skipped: dict[str, str],
     warned: set[str],
-    simulated: SimulatedClock | None = None,
-    device_time: bool = False,
+    simulated: Simulated | None = None,
 ) -> None:
     """The run's end: its status, `epochs` trained, last accuracy, time-to-train (on a `simulated` system, which
     clock's, and the system's own throughput and time to train), the files skipped and those decoded despite
@@ -129,17 +135,18 @@ def print_summary(
         unreadable += f"\n{len(warned)} files decoded despite libjpeg's corrupt-data warnings (as PIL decodes them)"
     say(
         f"\nrun_stop status {status}: {epochs} epochs, eval top-1 {shown}, "
-        f"time to train {minutes:.2f} min{simulated_run(simulated, device_time)}{unreadable}\noutputs: {out_dir}"
+        f"time to train {minutes:.2f} min{simulated_run(simulated)}{unreadable}\noutputs: {out_dir}"
     )
 
 
-def simulated_run(simulated: SimulatedClock | None, device_time: bool) -> str:
+def simulated_run(simulated: Simulated | None) -> str:
     """After the run's time to train: which clock it is on, then the simulated system's own figures."""
     if simulated is None:
         return ""
-    seconds = simulated.elapsed_s
+    clock = simulated.clock
+    seconds = clock.elapsed_s
     took = f"{seconds:.2f} s" if seconds < 60 else f"{seconds / 60:.2f} min"
-    figures = f"simulated {simulated.system}: {simulated.img_s:,.0f} img/s, time to train {took}"
-    if device_time:
+    figures = f"simulated {clock.system}: {clock.img_s:,.0f} img/s, time to train {took}"
+    if simulated.logged:
         return f" of simulated time (mlperf.clock=device)\n{figures}"
     return f" of host wall time\n{figures} (mlperf.clock=device logs it)"

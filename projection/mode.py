@@ -19,7 +19,7 @@ from configs.checks import ConfigError
 from configs.schema import Config, batch_shape
 from data.datasets import IMAGENET_TRAIN_IMAGES, dataset_size
 from projection.gpu.cost import Layout
-from projection.gpu.measured import read_fed, read_measured
+from projection.gpu.measured import read_check
 from projection.gpu.report import projection_report
 from projection.ipu import report
 from projection.run import Epochs, Schedule, given_epochs, reference_epochs
@@ -122,9 +122,8 @@ def gpu_projection(cfg: Config, command_line: Sequence[str]) -> str:
     shape = batch_shape(cfg, world_size=1)
     layout = Layout(device.nodes, device.gpus_per_node, shape.micro_batch * shape.grad_accum)
     epochs = epochs_of(cfg, command_line)
-    measured = None if device.measured is None else read_measured(device.measured)
-    fed = None if device.measured is None else read_fed(device.measured)
-    return projection_report(device.cluster, layout, schedule_of(cfg, epochs.count), epochs, measured, fed)
+    check = None if device.measured is None else read_check(device.measured)
+    return projection_report(device.cluster, layout, schedule_of(cfg, epochs.count), epochs, check)
 
 
 def epochs_of(cfg: Config, command_line: Sequence[str]) -> Epochs:

@@ -14,7 +14,7 @@ from projection.calibration import fitted_ranges
 from projection.gpu import calibrate, cost
 from projection.gpu.calibrate import IN_SAMPLE
 from projection.gpu.cost import Layout
-from projection.gpu.measured import read_fed, read_measured
+from projection.gpu.measured import read_check
 from projection.mode import gpu_projection, project
 from projection.run import Schedule, first_evaluation_from, reference_epochs
 from tests.conftest import chosen_experiment, composed, run_train
@@ -145,12 +145,12 @@ def gpu_json(path, img_s: float, batch: int = 256) -> str:
 
 def test_a_step_measured_on_one_gpu_sets_the_compute_of_every_gpu(fitted, tmp_path):
     profile, _, central, _ = fitted
-    measured = read_measured(gpu_json(tmp_path / "gpu.json", img_s=4000.0))
+    measured = read_check(gpu_json(tmp_path / "gpu.json", img_s=4000.0)).step
     assert measured.img_s == 4000.0 and measured.batch == 256  # the best row, not the peer's
     cluster = calibrate.load_cluster("dgx_h100")
     at_its_batch, _ = cost.step_time(profile, cluster, Layout(1, 1, 256), central, measured)
     assert at_its_batch.compute_s + at_its_batch.optimizer_s == pytest.approx(256 / 4000.0)
-    slower = read_measured(gpu_json(tmp_path / "slower.json", img_s=2000.0))
+    slower = read_check(gpu_json(tmp_path / "slower.json", img_s=2000.0)).step
     on_nodes = [cost.step_time(profile, cluster, Layout(8, 8, 100), central, m)[0] for m in (measured, slower)]
     assert on_nodes[1].compute_s > on_nodes[0].compute_s
     assert on_nodes[1].allreduce_fabric_s == on_nodes[0].allreduce_fabric_s
@@ -215,9 +215,9 @@ def test_a_check_without_an_end_to_end_run_leaves_the_loaders_rate_unknown(fitte
 def test_the_end_to_end_rate_is_read_from_each_kind_of_check():
     """The H200 check the README projects from timed the step but its train stage failed; an older H100 check ran
     the e2e stage, the loader feeding the step at the fastest settings it found."""
-    failed = read_fed("docs/gpu-check/2026-11-27-h200-f.json")
+    failed = read_check("docs/gpu-check/2026-11-27-h200-f.json").fed
     assert failed.img_s is None and failed.what.endswith("its train stage failed, its e2e stage skipped")
-    older = read_fed("docs/gpu-check/2026-11-26-h100-c.json")
+    older = read_check("docs/gpu-check/2026-11-26-h100-c.json").fed
     assert older.img_s == 1892.2 and older.what.startswith("the check's e2e stage: precision=fp32")
 
 
@@ -225,7 +225,7 @@ def test_a_file_that_holds_no_measured_step_is_refused(tmp_path):
     broken = tmp_path / "gpu.json"
     broken.write_text('{"stages": {}}')
     with pytest.raises(ConfigError, match=r"device\.measured"):
-        read_measured(str(broken))
+        read_check(str(broken))
 
 
 @pytest.mark.parametrize(

@@ -18,7 +18,7 @@ from configs.checks import ConfigError
 from configs.schema import Config, batch_shape, validate
 from mlperf_logs.logger import MLPerfLogger
 from monitor.metrics import EpochMetrics
-from monitor.progress import epoch_line, print_summary
+from monitor.progress import Simulated, epoch_line, print_summary
 from projection.ipu import cost, report
 from projection.ipu.assumptions import ASSUMPTIONS
 from projection.ipu.calibrate import POD64
@@ -198,15 +198,15 @@ def test_a_run_on_a_simulated_system_shows_its_throughput_and_time_to_train_besi
     rate, seconds = 16 / clock.step_s, 3 * clock.step_s + 500 * clock.eval_image_s
     row = EpochMetrics(epoch=1, step=3, lr=2.0, train_loss=2.1317, images_per_s=30.6, eval_accuracy=0.434, elapsed_s=5)
     start = "epoch   1/16  loss 2.1317  lr 2        "
-    assert epoch_line(16, row, clock) == (
+    assert epoch_line(16, row, Simulated(clock, logged=False)) == (
         f"{start}   30.6 img/s host  {rate:.1f} img/s simulated  data wait   0%  eval top-1 0.4340"
     )
     logged = dataclasses.replace(row, images_per_s=rate)  # mlperf.clock=device: the log's rate is the system's
-    assert epoch_line(16, logged, clock, device_time=True) == (
+    assert epoch_line(16, logged, Simulated(clock, logged=True)) == (
         f"{start}{rate:7.1f} img/s simulated  data wait   0%  eval top-1 0.4340"
     )
-    print_summary("success", 0.766, 6, 5.32, tmp_path, {}, set(), clock)
-    print_summary("success", 0.766, 6, seconds / 60, tmp_path, {}, set(), clock, device_time=True)
+    print_summary("success", 0.766, 6, 5.32, tmp_path, {}, set(), Simulated(clock, logged=False))
+    print_summary("success", 0.766, 6, seconds / 60, tmp_path, {}, set(), Simulated(clock, logged=True))
     print_summary("success", 0.766, 6, 5.32, tmp_path, {}, set())  # a run here: as before
     simulated = f"simulated ipu_pod16 (4 gc200 IPUs): {rate:,.0f} img/s, time to train {seconds:.2f} s"
     assert capsys.readouterr().out.strip().split("\n\n") == [

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from configs.checks import ConfigError
 from projection.gpu.cost import MeasuredStep
@@ -24,25 +25,38 @@ class Fed:
     what: str
 
 
-def read_measured(path: str) -> MeasuredStep:
-    """The step stage's `best` row (every option that helped, together), or, in a check from before it had one, the
-    fastest of rn50perf's own rows; ConfigError (exit status 2) for a file that holds no measured step."""
+@dataclass(frozen=True)
+class Check:
+    """What one `make gpu-check` says of rn50perf: its measured `step`, and what its own loader `fed` train.py."""
+
+    step: MeasuredStep
+    fed: Fed
+
+
+def read_check(path: str) -> Check:
+    """The check's gpu.json at `path`, read once; ConfigError (exit status 2) for a file that holds no measured
+    step."""
     try:
-        figures = json.loads(Path(path).read_text())
-        step, env = figures["stages"]["step"], figures["stages"]["env"]
-        rows = {name: row for name, row in step["rows"].items() if name not in PEERS}
-        name = "best" if "best" in rows else max(rows, key=lambda row: rows[row]["img_s"])
-        return MeasuredStep(env["gpu"], int(step["batch"]), float(rows[name]["img_s"]), f"{path}, row {name}")
-    except (OSError, ValueError, KeyError, TypeError) as err:
+        stages = json.loads(Path(path).read_text())["stages"]
+        return Check(measured_step(stages, path), fed(stages))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
         raise ConfigError(
             "device.measured", f"{path} is not a gpu.json with a measured step (make gpu-check writes one): {err!r}"
         ) from err
 
 
-def read_fed(path: str) -> Fed:
+def measured_step(stages: dict[str, Any], path: str) -> MeasuredStep:
+    """The step stage's `best` row (every option that helped, together), or, in a check from before it had one, the
+    fastest of rn50perf's own rows."""
+    step, env = stages["step"], stages["env"]
+    rows = {name: row for name, row in step["rows"].items() if name not in PEERS}
+    name = "best" if "best" in rows else max(rows, key=lambda row: rows[row]["img_s"])
+    return MeasuredStep(env["gpu"], int(step["batch"]), float(rows[name]["img_s"]), f"{path}, row {name}")
+
+
+def fed(stages: dict[str, Any]) -> Fed:
     """The train stage's run of train.py with its defaults, or in a check from before that stage, the e2e stage's
-    rate (the fastest settings it found); a file read_measured accepted."""
-    stages = json.loads(Path(path).read_text())["stages"]
+    rate (the fastest settings it found)."""
     train, e2e = (stage if isinstance(stage := stages.get(name), dict) else {} for name in END_TO_END)
     defaults = train.get("runs", {}).get("defaults")
     if isinstance(defaults, dict) and "img_s" in defaults:

@@ -10,7 +10,7 @@ from projection import uncertainty
 from projection.gpu import calibrate
 from projection.gpu.config import Cluster
 from projection.gpu.cost import Constants, Layout, MeasuredStep, Projection, project
-from projection.gpu.measured import Fed
+from projection.gpu.measured import Check
 from projection.run import Epochs, Schedule
 from projection.uncertainty import Interval
 
@@ -20,12 +20,12 @@ def projection_report(
     layout: Layout,
     schedule: Schedule,
     epochs: Epochs,
-    measured: MeasuredStep | None,
-    fed: Fed | None,
+    check: Check | None,
 ) -> str:
-    """The whole report for `layout` on `cluster` (with a measured step, `fed`: what rn50perf's own loader fed it on
-    that machine); its last line is the JSON."""
+    """The whole report for `layout` on `cluster` (with a GPU `check`, its measured step, and what rn50perf's own
+    loader fed train.py on that machine); its last line is the JSON."""
     fit = calibrate.calibrated()
+    measured = None if check is None else check.step
 
     def at(constants: Constants) -> Projection:
         return project(fit.profile, cluster, layout, constants, schedule, measured)
@@ -38,12 +38,12 @@ def projection_report(
             system_line(cluster, layout),
             f"epochs: {epochs.source}",
             f"compute: {compute_source(measured)}",
-            *input_lines(measured, fed),
+            *input_lines(check),
             "",
             breakdown(spread.central, layout, epochs.count),
             uncertainty.report(spread, fit.central, calibrate.ASSUMPTIONS),
             uncertainty.reach(beyond),
-            json.dumps(figures(spread, layout) | {"beyond_calibration": beyond} | fed_figures(fed)),
+            json.dumps(figures(spread, layout) | {"beyond_calibration": beyond} | fed_figures(check)),
         ]
     )
 
@@ -67,11 +67,12 @@ def compute_source(measured: MeasuredStep | None) -> str:
     )
 
 
-def input_lines(measured: MeasuredStep | None, fed: Fed | None) -> list[str]:
+def input_lines(check: Check | None) -> list[str]:
     """For a measured step: it is the step alone, and whether rn50perf's own loader fed that rate on the machine
     that measured it (or that the check does not say)."""
-    if measured is None or fed is None:
+    if check is None:
         return []
+    measured, fed = check.step, check.fed
     if fed.img_s is None:
         said = f"whether rn50perf's own loader fed that rate on that machine is unknown ({fed.what})"
     else:
@@ -80,9 +81,9 @@ def input_lines(measured: MeasuredStep | None, fed: Fed | None) -> list[str]:
     return [f"input: the step alone: {said}; this projection assumes an input pipeline that keeps up"]
 
 
-def fed_figures(fed: Fed | None) -> dict[str, object]:
+def fed_figures(check: Check | None) -> dict[str, object]:
     """For the JSON line of a measured step's projection: train.py's rate end to end in the check (null: unknown)."""
-    return {} if fed is None else {"end_to_end_img_s": fed.img_s}
+    return {} if check is None else {"end_to_end_img_s": check.fed.img_s}
 
 
 def breakdown(projection: Projection, layout: Layout, epochs: int) -> str:
