@@ -109,7 +109,6 @@ def runs(cache_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
 
 def test_every_experiment_on_a_folder_of_the_users_images_leaves_each_file_as_it_was(runs):
     assert files(runs["folders"]["images"]) == runs["before"]["images"]  # the same paths and bytes, none added
-    assert {name.split()[0] for name in runs["runs"]} >= set(EXPERIMENTS)
 
 
 def test_the_synthetic_recipes_refuse_the_users_folder_in_one_line_naming_data_imagenet(runs):
