@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,11 +31,22 @@ class Sizes:
     warmup: int
     steps: int
     photos: int
-    workers: tuple[int, ...]
+    workers: tuple[int, ...]  # the loader's worker counts, the last (and most) every core but one on a GPU
+    batches: tuple[int, ...] = ()  # the best step's larger batches, in the order measured
 
 
-FULL = Sizes(batch=256, image=224, warmup=8, steps=30, photos=3840, workers=(4, 8, 15))
-TINY = Sizes(batch=4, image=32, warmup=1, steps=2, photos=40, workers=(1, 2))
+# data.workers=null's count on one rank (data.loader.workers_for_cores): every core this process may use but one
+ALL_WORKERS = max(1, min(len(os.sched_getaffinity(0)), os.cpu_count() or 1) - 1)
+FULL = Sizes(
+    batch=256,
+    image=224,
+    warmup=8,
+    steps=30,
+    photos=3840,
+    workers=tuple(sorted({min(4, ALL_WORKERS), min(8, ALL_WORKERS), ALL_WORKERS})),
+    batches=(400, 384),  # NVIDIA's MLPerf recipe trains 400 per H200
+)
+TINY = Sizes(batch=4, image=32, warmup=1, steps=2, photos=40, workers=(1, 2), batches=(8, 6))
 
 
 def device() -> torch.device:
@@ -74,6 +87,31 @@ def timed_steps(step: Callable[[], object], warmup: int, steps: int) -> float:
 def save(path: Path, figures: Figures) -> None:
     """The stage's figures so far: the check reads them even from a stage stopped at its time cap."""
     path.write_text(json.dumps(figures, indent=1))
+
+
+def recorded(work: Path, name: str) -> Figures:
+    """The figures stage `name` wrote into WORK ({} where it has not run)."""
+    path = work / f"{name}.json"
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def attempt(
+    name: str, measure: Callable[[], object], figures: Figures, path: Path, into: Figures | None = None
+) -> None:
+    """into[name] = measure() (`into` is `figures` where not given, or a table of it), or where it raises, why:
+    its name then joins figures["failed"]. The stage's `figures` are saved to `path` at once either way, so that
+    one measurement's failure, or the stage's time cap, costs the others nothing."""
+    into = figures if into is None else into
+    try:
+        into[name] = measure()
+    except ModuleNotFoundError as err:
+        into[name] = f"skipped: {err}"
+    except Exception as err:  # one measurement's failure must not cost the others their figures
+        traceback.print_exc()
+        into[name] = f"failed: {type(err).__name__}: {err}"[:300]
+        figures["failed"] = [*figures.get("failed", []), name]
+    print(name, into[name], flush=True)
+    save(path, figures)
 
 
 def main(run: Callable[[argparse.Namespace, Sizes], Figures], argv: list[str] | None = None) -> int:

@@ -15,17 +15,29 @@ timed ones), with its peak GPU memory:
   eager          the defaults without device.compile and device.cuda_graphs: the eager step, against bare
   bare_again     the bare loop once more, last: how far two timings of the same loop differ
 
+Stage `variants` (`python -m bench.gpu.step variants`): the best step (best_known: the step stage's best row's
+settings where this machine's check measured them, else the device's defaults, which were those settings on
+2026-11-27) and what might beat it, each row with its peak memory:
+
+  best           the best step at batch 256, as the step stage measures it
+  best@400       the same at batch 400 per GPU (NVIDIA's MLPerf recipe on an H200), then best@384
+  best+pad       the same with device.pad_input_channels (the input padded to 4 channels: it lost alone, but
+                 cuDNN's and the compiler's kernels may want it together); best-pad, without it, where the best
+                 step pads already
+
+Every row compiles anew (dynamo is reset between rows, so that no row inherits another's shapes as dynamic).
 cuDNN's autotuner (torch.backends.cudnn.benchmark) is on for every row, as every GPU training script sets it.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gc
 import math
 import sys
-import traceback
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -145,25 +157,17 @@ def measure(
     return figures
 
 
-def measure_row(
-    name: str,
-    row: list[str] | str,
-    sizes: stage.Sizes,
-    images: torch.Tensor,
-    labels: torch.Tensor,
-    measured: stage.Figures,
-    failed: list[str],
-) -> None:
-    """Measure one row into `measured` (or its failure, its name into `failed`), then free what it held."""
-    try:
-        measured[name] = measure(row, sizes, images, labels, evaluation=name == "best")
-    except ModuleNotFoundError as err:
-        measured[name] = f"skipped: {err}"
-    except Exception as err:  # one row's failure must not cost the others their figures
-        traceback.print_exc()
-        measured[name] = f"failed: {type(err).__name__}: {err}"[:300]
-        failed.append(name)
-    print(name, measured[name], flush=True)
+def inputs(sizes: stage.Sizes) -> tuple[torch.Tensor, torch.Tensor]:
+    """The rows' batch of `sizes`: random uint8 NHWC images and labels, on the device."""
+    batch = random_batch(sizes.batch, sizes.image, CLASSES, torch.Generator().manual_seed(0))
+    images, labels = (t.to(stage.device()) for t in batch)
+    return images, labels
+
+
+def fresh() -> None:
+    """Free what the last row held, and forget its compiled code: the next row compiles its own (a second shape of
+    the same model would otherwise be compiled with dynamic sizes)."""
+    torch._dynamo.reset()
     gc.collect()
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
@@ -172,19 +176,16 @@ def measure_row(
 def run(args: argparse.Namespace, sizes: stage.Sizes) -> stage.Figures:
     """Every row in turn, the figures so far written after each (a stage cut short by its time cap keeps them)."""
     torch.backends.cudnn.benchmark = True
-    device = stage.device()
-    batch = random_batch(sizes.batch, sizes.image, CLASSES, torch.Generator().manual_seed(0))
-    images, labels = (t.to(device) for t in batch)
+    images, labels = inputs(sizes)
     measured: stage.Figures = {}
-    failed: list[str] = []
     figures: stage.Figures = {"batch": sizes.batch, "image": sizes.image, "steps": sizes.steps, "rows": measured}
     if not torch.cuda.is_available():
         figures["peak_gib"] = stage.no_gpu("peak GPU memory")
 
     def measure_and_save(name: str, row: list[str] | str) -> None:
-        measure_row(name, row, sizes, images, labels, measured, failed)
-        figures.update({"failed": failed} if failed else {})
-        stage.save(args.json, figures)
+        evaluation = name == "best"
+        stage.attempt(name, lambda: measure(row, sizes, images, labels, evaluation), figures, args.json, measured)
+        fresh()
 
     table = rows()
     last = table.pop("bare_again")
@@ -201,5 +202,48 @@ def run(args: argparse.Namespace, sizes: stage.Sizes) -> stage.Figures:
     return figures
 
 
+def best_known(work: Path) -> list[str]:
+    """The best step's overrides: the step stage's best row where a check on this machine measured it (WORK's
+    step.json), else DEFAULTS, the device's defaults in bf16 (on 2026-11-27, the best row's settings exactly)."""
+    return list(stage.recorded(work, "step").get("best") or DEFAULTS)
+
+
+def variant_rows(overrides: list[str], sizes: stage.Sizes) -> dict[str, tuple[list[str], stage.Sizes]]:
+    """Stage `variants`' rows in the order measured (the likeliest to matter first, in case the time cap cuts the
+    stage): the best step, then at the first larger batch, padded (or, where the best step pads already, not:
+    "best-pad"), then at the other larger batches."""
+    pads = "device.pad_input_channels=true" in overrides
+    unpadded = [o for o in overrides if not o.startswith("device.pad_input_channels=")]
+    larger = {f"best@{batch}": (overrides, dataclasses.replace(sizes, batch=batch)) for batch in sizes.batches}
+    table = {"best": (overrides, sizes)}
+    table |= dict(list(larger.items())[:1])
+    table["best-pad" if pads else "best+pad"] = (
+        [*unpadded, f"device.pad_input_channels={str(not pads).lower()}"],
+        sizes,
+    )
+    return table | larger
+
+
+def run_variants(args: argparse.Namespace, sizes: stage.Sizes) -> stage.Figures:
+    """Stage `variants`: each row in turn, its figures saved as soon as measured."""
+    torch.backends.cudnn.benchmark = True
+    overrides = best_known(args.work)
+    measured: stage.Figures = {}
+    figures: stage.Figures = {"image": sizes.image, "steps": sizes.steps, "best": overrides, "rows": measured}
+    if not torch.cuda.is_available():
+        figures["peak_gib"] = stage.no_gpu("peak GPU memory")
+    for name, (row, row_sizes) in variant_rows(overrides, sizes).items():
+
+        def measure_variant(row: list[str] = row, row_sizes: stage.Sizes = row_sizes) -> stage.Figures:
+            images, labels = inputs(row_sizes)
+            return {"batch": row_sizes.batch, **measure(row, row_sizes, images, labels)}
+
+        stage.attempt(name, measure_variant, figures, args.json, measured)
+        fresh()
+    return figures
+
+
 if __name__ == "__main__":
+    if sys.argv[1:2] == ["variants"]:
+        sys.exit(stage.main(run_variants, argv=sys.argv[2:]))
     sys.exit(stage.main(run))
