@@ -1,12 +1,15 @@
-"""Stage `env`: the versions the check runs on, the GPU's name, memory and clocks, and the decoder it loads."""
+"""Stage `env`: the versions the check runs on, the GPU's name, memory and clocks, the host's CPU (its model, cores
+and threads per core, from /proc/cpuinfo), and the decoder it loads."""
 
 from __future__ import annotations
 
 import argparse
 import importlib.metadata
+import os
 import platform
 import subprocess
 import sys
+from pathlib import Path
 
 import torch
 
@@ -47,6 +50,32 @@ def gpu() -> stage.Figures:
     return figures | {f"smi_{key.replace('.', '_')}": value.strip() for key, value in read}
 
 
+def host_cpu(cpuinfo: str | None = None) -> stage.Figures:
+    """The host's CPU from /proc/cpuinfo (or the text given): its model, the logical CPUs (os.cpu_count) and those
+    this process may use, the physical cores (distinct physical id and core id pairs) and threads per core; a
+    figure the file does not hold (on some architectures) is None."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            cpuinfo = ""
+    processors = []
+    for block in cpuinfo.strip().split("\n\n"):
+        fields = dict(line.split(":", 1) for line in block.splitlines() if ":" in line)
+        processors.append({key.strip(): value.strip() for key, value in fields.items()})
+    models = [p["model name"] for p in processors if "model name" in p]
+    cores = {(p["physical id"], p["core id"]) for p in processors if "physical id" in p and "core id" in p}
+    logical = len([p for p in processors if "processor" in p])
+    return {
+        "cpu": models[0] if models else None,
+        "cpu_count": os.cpu_count(),
+        "cpu_usable": len(os.sched_getaffinity(0)),
+        "physical_cores": len(cores) or None,
+        "threads_per_core": round(logical / len(cores), 2) if cores and logical else None,
+        "loader_workers_all": stage.ALL_WORKERS,
+    }
+
+
 def decoder() -> stage.Figures:
     """Which JPEG decoder the loader uses here: the compiled one, named by its file."""
     from data import jpeg
@@ -55,7 +84,7 @@ def decoder() -> stage.Figures:
 
 
 def run(args: argparse.Namespace, sizes: stage.Sizes) -> stage.Figures:
-    return versions() | gpu() | decoder()
+    return versions() | gpu() | host_cpu() | decoder()
 
 
 if __name__ == "__main__":
