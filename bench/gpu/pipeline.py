@@ -1,8 +1,10 @@
 """Stages `loader` and `e2e`: the input pipeline at 224 px on ImageNet-like JPEGs, alone and feeding the step.
 
-    loader  data.loader as train.py builds it (data.build.make_loader: the fused decode-and-crop, pinned batches on
-            CUDA; or with data.decode=gpu, the workers reading bytes and the GPU decoding) with each worker count,
-            batch 256, timed for a few seconds from its first batch
+    loader  data.loader as train.py builds it (data.build.make_loader), batch 256, timed for a few seconds from its
+            first batch: the workers decoding (data.decode=cpu: the fused decode-and-crop, pinned batches on CUDA)
+            with 4, 8 and every core but one of them ("8"); the workers reading the bytes and the GPU decoding
+            (data.decode=gpu, "gpu/8") with the same counts; and the batch split (data.decode=hybrid,
+            "hybrid0.8/15"), data.device_share of each batch decoded on the GPU and the rest by every worker
     e2e     the harness end to end: that loader feeding backend.train_step, with the fastest precision, speed
             options and worker count the earlier stages found (check.py passes them), for a fixed number of steps;
             and the time to train ImageNet on one GPU at that rate (projected_minutes)
@@ -16,7 +18,6 @@ timed too: a real epoch of ImageNet has 5,004 batches of 256, so these figures a
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import sys
 from pathlib import Path
@@ -29,7 +30,6 @@ from bench.gpu.step import CLASSES
 from bench.loader import endless, throughput
 from configs.schema import Config
 from data.build import make_loader, open_splits
-from data.config import DECODERS
 from data.datasets import IMAGENET_EVAL_IMAGES, IMAGENET_TRAIN_IMAGES
 from distributed import Topology
 
@@ -37,7 +37,8 @@ from distributed import Topology
 MIX = (((500, 375), 90), ((375, 500), 85), ((500, 333), 95), ((500, 500), 80), ((640, 480), 75))
 PHOTO_CLASSES = 8
 VAL_IMAGES = 16
-LOADER_SECONDS = {False: 4.0, True: 1.0}  # per worker count: full, tiny
+LOADER_SECONDS = {False: 3.0, True: 1.0}  # per row: full, tiny
+SHARES = (0.5, 0.8, 0.95)  # data.device_share of the hybrid rows: the share of each batch the GPU decodes
 
 
 def imagenet_like(root: Path, images: int) -> Path:
@@ -78,39 +79,51 @@ def config(args: argparse.Namespace, sizes: stage.Sizes, *overrides: str) -> Con
     )
 
 
-def loader(args: argparse.Namespace, sizes: stage.Sizes) -> stage.Figures:
-    """The loader's rate with each worker count, the workers decoding ("8") or the device ("gpu/8")."""
-    rates: dict[str, float] = {}
-    for decode in DECODERS:
-        for workers in sizes.workers:
-            cfg = config(args, sizes, f"data.workers={workers}", f"data.decode={decode}")
-            train, _ = open_splits(cfg.data, Topology())
-            batches = make_loader(cfg.data, train, build.run_facts(cfg, Topology()), seed=cfg.run.seed, train=True)
-            key = str(workers) if decode == "cpu" else f"{decode}/{workers}"
-            rates[key] = round(throughput(batches, LOADER_SECONDS[args.tiny]), 1)
-            print(key, "workers:", rates[key], "img/s", flush=True)
-    return {"batch": sizes.batch, "image": sizes.image, "images": sizes.photos, "img_s_by_workers": rates}
+def loader_keys(sizes: stage.Sizes) -> list[str]:
+    """The loader stage's rows: each worker count decoding in the workers ("8") and on the device ("gpu/8"); then
+    every worker with each hybrid share ("hybrid0.8/15")."""
+    keys = [str(workers) for workers in sizes.workers] + [f"gpu/{workers}" for workers in sizes.workers]
+    return keys + [f"hybrid{share}/{max(sizes.workers)}" for share in SHARES]
 
 
 def loader_overrides(key: str) -> list[str]:
-    """The overrides of a loader row: "8" (the workers decode) or "gpu/8" (the device decodes)."""
+    """The overrides of a loader row: "8" (the workers decode), "gpu/8" (the device decodes) or "hybrid0.8/15"
+    (the device decodes 0.8 of each batch, the workers the rest)."""
     decode, _, workers = key.rpartition("/")
+    if decode.startswith("hybrid"):
+        return [f"data.workers={workers}", "data.decode=hybrid", f"data.device_share={decode.removeprefix('hybrid')}"]
     return [f"data.workers={workers}", f"data.decode={decode or 'cpu'}"]
 
 
-def measured(work: Path, stage_name: str) -> stage.Figures:
-    """The figures stage `stage_name` wrote into WORK ({} where it has not run)."""
-    path = work / f"{stage_name}.json"
-    return json.loads(path.read_text()) if path.exists() else {}
+def loader_rate(args: argparse.Namespace, sizes: stage.Sizes, key: str) -> float:
+    cfg = config(args, sizes, *loader_overrides(key))
+    train, _ = open_splits(cfg.data, Topology())
+    with make_loader(cfg.data, train, build.run_facts(cfg, Topology()), seed=cfg.run.seed, train=True) as batches:
+        return round(throughput(batches, LOADER_SECONDS[args.tiny]), 1)
+
+
+def loader(args: argparse.Namespace, sizes: stage.Sizes) -> stage.Figures:
+    """The loader's rate in each row (loader_keys), its figures saved after each."""
+    rates: stage.Figures = {}
+    figures = {"batch": sizes.batch, "image": sizes.image, "images": sizes.photos, "img_s_by_workers": rates}
+    for key in loader_keys(sizes):
+        stage.attempt(key, lambda key=key: loader_rate(args, sizes, key), figures, args.json, rates)
+    return figures
+
+
+def rated(rate: object) -> bool:
+    """Whether a loader row holds a rate (not why it has none)."""
+    return isinstance(rate, int | float)
 
 
 def fastest(work: Path) -> list[str]:
     """The overrides of the fastest harness step the `step` stage measured (step_stage.best), with the worker count the
     `loader` stage found fastest (their figures in WORK)."""
-    overrides = step_stage.best(measured(work, "step").get("rows", {}))
-    workers = measured(work, "loader").get("img_s_by_workers")
-    if workers:
-        overrides += loader_overrides(max(workers, key=workers.get))
+    overrides = step_stage.best(stage.recorded(work, "step").get("rows", {}))
+    rows = stage.recorded(work, "loader").get("img_s_by_workers", {})
+    rates = {key: rate for key, rate in rows.items() if rated(rate)}
+    if rates:
+        overrides += loader_overrides(max(rates, key=rates.get))
     return overrides
 
 
@@ -128,7 +141,7 @@ def e2e(args: argparse.Namespace, sizes: stage.Sizes) -> stage.Figures:
 
     seconds = stage.timed_steps(step, sizes.warmup, sizes.steps)
     rate = sizes.steps * sizes.batch / seconds
-    best = measured(args.work, "step").get("rows", {}).get("best", {})
+    best = stage.recorded(args.work, "step").get("rows", {}).get("best", {})
     eval_rate = best.get("eval_img_s") if isinstance(best, dict) else None
     figures: stage.Figures = {"img_s": round(rate, 1), "overrides": " ".join(overrides)}
     projected = projected_minutes(cfg, rate, eval_rate)

@@ -4,8 +4,9 @@ JPEGs at 224 px: the headline figure, read from what train.py writes (metrics.cs
 Runs, each a fresh train.py process in its own output folder:
 
   defaults      device=cuda: the config's speed defaults (configs/device/cuda.yaml; experiment=imagenet's loader
-                workers, every core but one; the data group's decode, in the workers)
-  decode=gpu    the same with data.decode=gpu: the workers read the files, the GPU decodes
+                workers, every core but one; data.decode=auto, which times both decoders at start-up and picks:
+                the one line train.py prints about it, starting "data.decode=auto", is kept as "decode_auto")
+  decode=cpu    the same with data.decode=cpu: the workers decode, as before data.decode=auto
 
 The dataset is the loader stage's photo-like set (bench.gpu.pipeline.imagenet_like) hard-linked REPEAT times under
 other names, so an epoch has 60 steps of 256 (ImageNet's has 5,004: its epoch boundaries, where the workers start
@@ -31,14 +32,15 @@ from pathlib import Path
 import rundir
 from bench.gpu import stage
 from bench.gpu import step as step_stage
-from bench.gpu.pipeline import imagenet_like, measured
+from bench.gpu.pipeline import imagenet_like
 from data.synthetic import CACHE_ENV
 from mlperf_logs.summarize import summarize_run
 from monitor.metrics import MetricsCSV
 
 REPEAT = {False: 4, True: 1}  # copies of the photo set (full, tiny)
-EPOCHS = {False: 6, True: 3}
-VARIANTS = {"defaults": [], "decode=gpu": ["data.decode=gpu"]}
+EPOCHS = {False: 5, True: 3}
+VARIANTS = {"defaults": [], "decode=cpu": ["data.decode=cpu"]}
+AUTO = "data.decode=auto"  # how the line starts that says what data.decode=auto chose
 
 
 def training_set(work: Path, sizes: stage.Sizes, repeat: int) -> Path:
@@ -88,6 +90,11 @@ def steady_rate(rates: list[float]) -> float:
     return statistics.median(rates[1:] or rates)
 
 
+def auto_line(output: str) -> str | None:
+    """The line of train.py's output that says what data.decode=auto chose (None where it printed none)."""
+    return next((line.strip() for line in output.splitlines() if line.strip().startswith(AUTO)), None)
+
+
 def train_run(args: argparse.Namespace, sizes: stage.Sizes, name: str, extra: list[str]) -> stage.Figures:
     """One train.py run; its epoch rates, the median after the first, and what its MLPerf log says."""
     root = training_set(args.work, sizes, REPEAT[args.tiny])
@@ -104,6 +111,7 @@ def train_run(args: argparse.Namespace, sizes: stage.Sizes, name: str, extra: li
     logged = summarize_run(rundir.mlperf_log(out))
     return {
         "img_s": round(steady_rate(rates), 1),
+        "decode_auto": auto_line(finished.stdout) or auto_line(finished.stderr),  # None where it said none
         "epoch_img_s": [round(rate, 1) for rate in rates],
         "log_train_img_s": round(logged.train_img_s, 1),
         "run_status": logged.status,
@@ -112,20 +120,26 @@ def train_run(args: argparse.Namespace, sizes: stage.Sizes, name: str, extra: li
     }
 
 
+def fallback(work: Path) -> list[str]:
+    """The settings the runs after a failed one take: the step stage's best where this machine's check measured
+    it (settings proven on this GPU), else the eager step (the defaults without compile and CUDA graphs)."""
+    return list(stage.recorded(work, "step").get("best") or step_stage.EAGER)
+
+
 def run(args: argparse.Namespace, sizes: stage.Sizes) -> stage.Figures:
-    """Each variant in turn; where the defaults fail, the others run with the step stage's best settings instead,
-    so that the stage still says what train.py achieves with settings proven on this GPU."""
+    """Each variant in turn; where the defaults fail, the others run with `fallback`'s settings instead, so that
+    the stage still says what train.py achieves."""
     runs: stage.Figures = {}
     failed: list[str] = []
-    fallback: list[str] = []
+    instead: list[str] = []
     figures: stage.Figures = {"batch": sizes.batch, "image": sizes.image, "epochs": EPOCHS[args.tiny], "runs": runs}
     for name, extra in VARIANTS.items():
         try:
-            runs[name] = train_run(args, sizes, name, [*fallback, *extra])
+            runs[name] = train_run(args, sizes, name, [*instead, *extra])
         except RuntimeError as err:  # one run's failure must not cost the others their figures
             runs[name] = f"failed: {err}"[:400]
             failed.append(name)
-            fallback = fallback or step_stage.best(measured(args.work, "step").get("rows", {}))
+            instead = instead or fallback(args.work)
         print(name, runs[name], flush=True)
         figures.update({"failed": failed} if failed else {})
         stage.save(args.json, figures)
