@@ -2,27 +2,40 @@
 
     make gpu-check                   # on the GPU machine: python3 -m bench.gpu.check --out $OUT
     make gpu-rehearse                # here: the same on the CPU with torch 2.11, at tiny sizes (--tiny)
-    python -m bench.gpu.check --out DIR [--tiny] [--stages step,e2e] [--budget 570]
+    python -m bench.gpu.check --out DIR [--tiny] [--stages step,e2e | --preset NAME] [--budget 570]
+
+The next GPU session runs issue 48's measurements (the decoders, the loader's hybrid split, train.py with
+data.decode=auto, the best step at larger batches and padded, its CUDA trace), about 8 minutes on an H200, with:
+
+    make gpu-check ARGS="--preset issue48"     # = --stages env,tests,decode,loader,train,trace,variants
 
 First `setup`: the wheels `make gpu-wheels` carried (hydra-core, omegaconf, mlperf-logging, ...) installed into
 build/gpu-site where this Python lacks them, and the JPEG decoder compiled (`make native`, against the carried
 libjpeg-turbo headers when they came along). Then each stage runs in its own process, with its own time cap cut
-to what is left of the budget; a stage that fails or runs out of time is recorded with the tail of its log, and
-the next one runs:
+to what is left of the budget; a stage that fails or runs out of time is recorded with the tail of its log (and
+the figures it saved before), and the next one runs:
 
-  env     versions, the GPU's name, memory and clocks, the decoder loaded            bench/gpu/env.py
-  tests   the tests marked cuda (pytest -m cuda)                                   tests/test_cuda.py
-  smoke   train.py experiment=smoke on the device, to its target, log checked      bench/gpu/smoke.py
-  step    the step at 224 px, batch 256: plain loops, the harness and its options  bench/gpu/step.py
-  train   train.py with device=cuda's defaults on the photos: the headline figure  bench/gpu/train.py
-  loader  the input pipeline at 224 px with 4, 8 and 15 workers, CPU or GPU decode bench/gpu/pipeline.py
-  e2e     the harness end to end, the loader feeding, fastest settings found      bench/gpu/pipeline.py
+  env       versions, the GPU's name, memory and clocks, the host's CPU, the decoder      bench/gpu/env.py
+  tests     the tests marked cuda (pytest -m cuda)                                      tests/test_cuda.py
+  smoke     train.py experiment=smoke on the device, to its target, log checked         bench/gpu/smoke.py
+  decode    the fused CPU decoder per core, decode_crops on the GPU alone and beside
+            the best step, and their pixels compared                                    bench/gpu/decode.py
+  loader    the input pipeline at 224 px with 4, 8 and every core but one of workers,
+            decoding in them, on the GPU, or split (data.decode=hybrid)                 bench/gpu/pipeline.py
+  train     train.py with device=cuda's defaults on the photos (data.decode=auto; and
+            data.decode=cpu): the headline figure                                       bench/gpu/train.py
+  step      the step at 224 px, batch 256: plain loops, the harness and its options     bench/gpu/step.py
+  trace     the best step under torch.profiler: its top kernels, the GPU busy and idle  bench/gpu/trace.py
+  variants  the best step at batch 400 and 384, and with its input padded               bench/gpu/step.py
+  e2e       the harness end to end, the loader feeding, fastest settings found          bench/gpu/pipeline.py
 
-DIR receives gpu.json ({"stages": {name: {"status": "ok" | "failed" | "skipped", "seconds": ..., figures}},
-"winners": the settings that won, from report.winners}), gpu.md (the tables) and one log per stage. With
---stages, the stages run now join those an earlier check on this machine recorded in WORK/gpu.json, so a check
-may be split over two device calls on the same warm machine. DIR and WORK are the check's own (bench.folders): new,
-empty or an earlier check's; a folder of other files is refused.
+The whole check no longer fits its budget (the step stage alone takes about 220 s); a session splits it with
+--stages or --preset, on the same warm machine. DIR receives gpu.json ({"stages": {name: {"status": "ok" |
+"failed" | "skipped", "seconds": ..., figures}}, "winners": the settings that won, from report.winners}), gpu.md
+(the tables) and one log per stage. With --stages or --preset, the stages run now join those an earlier check on
+this machine recorded in WORK/gpu.json, so a check may be split over two device calls on the same warm machine.
+DIR and WORK are the check's own (bench.folders): new, empty or an earlier check's; a folder of other files is
+refused.
 """
 
 from __future__ import annotations
@@ -93,15 +106,26 @@ def junit_counts(path: Path) -> Figures:
     return counts
 
 
+# In the order they run. The caps are what each may take on an H200 (the step stage took 220 s there on 2026-11-27;
+# each new shape or setting of the compiled step about 50 s the first time, about 10 s once compiled on the machine).
 STAGES = (
-    bench_stage("env", 60, "bench.gpu.env"),
+    bench_stage("env", 30, "bench.gpu.env"),
     Stage("tests", 90, cuda_tests, "tests.xml", junit_counts),
     bench_stage("smoke", 150, "bench.gpu.smoke"),
-    bench_stage("step", 330, "bench.gpu.step"),
+    bench_stage("decode", 120, "bench.gpu.decode"),  # compiles the best step: the later stages find it compiled
+    bench_stage("loader", 90, "bench.gpu.pipeline", "loader"),
     bench_stage("train", 180, "bench.gpu.train"),
-    bench_stage("loader", 100, "bench.gpu.pipeline", "loader"),
+    bench_stage("step", 330, "bench.gpu.step"),
+    bench_stage("trace", 60, "bench.gpu.trace"),
+    bench_stage("variants", 220, "bench.gpu.step", "variants"),  # three new compiles: last, saved row by row
     bench_stage("e2e", 90, "bench.gpu.pipeline", "e2e"),
 )
+# Named sets of stages, for one device call each (they run in STAGES' order).
+PRESETS = {
+    # issue 48: GPU decoding. About 8 minutes on an H200: env 15 s, tests 40, decode 80, loader 55, train 110,
+    # trace 25, variants 165 (its three new compiles); the stages' caps add up to more, the budget stops it at 570.
+    "issue48": ("env", "tests", "decode", "loader", "train", "trace", "variants"),
+}
 
 
 def setup() -> tuple[Figures, dict[str, str]]:
@@ -238,9 +262,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--work", type=Path, default=REPO / "build" / "gpu-work", help="the stages' scratch folder")
     parser.add_argument("--tiny", action="store_true", help="the CPU rehearsal: tiny sizes")
     names = [stage.name for stage in STAGES]
-    parser.add_argument("--stages", type=lambda text: text.split(","), help=f"of {','.join(names)} (default: all)")
+    chosen = parser.add_mutually_exclusive_group()
+    chosen.add_argument("--stages", type=lambda text: text.split(","), help=f"of {','.join(names)} (default: all)")
+    presets = "; ".join(f"{name}: {','.join(stages)}" for name, stages in PRESETS.items())
+    chosen.add_argument("--preset", choices=sorted(PRESETS), help=f"a named set of stages ({presets})")
     parser.add_argument("--budget", type=float, default=570.0, help="seconds for all stages, setup included")
     args = parser.parse_args(argv)
+    if args.preset:
+        args.stages = list(PRESETS[args.preset])
     if unknown := set(args.stages or ()) - set(names):
         parser.error(f"--stages: no stage {', '.join(sorted(unknown))}; the stages are {', '.join(names)}")
     return args
