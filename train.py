@@ -49,7 +49,7 @@ from checkpoint import CheckpointError, Loop, restore_point, restore_run
 from configs.checks import ConfigError
 from configs.errors import describe
 from configs.schema import Config, register, training_fingerprint, validate
-from data.build import loader_workers, make_loader, open_splits
+from data.build import decode_where_fastest, loader_workers, make_loader, open_splits
 from data.datasets import describe_dataset
 from data.loader import Loader
 from data.split import DatasetError
@@ -219,6 +219,9 @@ def train(cfg: Config, out_dir: Path, topology: Topology, resolved: str) -> tupl
     if topology.is_main:
         say(describe_dataset(train_split, val_split))
         announce(cfg, facts)
+    chosen = decode_where_fastest(cfg.data, (train_loader, val_loader), facts)  # data.decode=auto, timed here
+    if chosen and topology.is_main:
+        say(chosen)
 
     # Model, optimizer with the MLPerf parameter groups and precision policy, on the device; the schedule by step.
     classes = len(train_split.classes)

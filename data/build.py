@@ -11,6 +11,7 @@ import torch
 import distributed
 from configs.checks import ConfigError
 from configs.shape import BatchShape
+from data import decode_choice
 from data.config import DataConfig
 from data.datasets import open_dataset
 from data.loader import Crops, Loader, build_loader, workers_for_cores
@@ -68,8 +69,14 @@ def make_loader(data: DataConfig, split: Split, place: Placement, *, seed: int, 
         max_pixels=data.max_pixels,
         cache_bytes=data.cache_bytes,
         device=device,
-        decode_on_device=data.decode == "gpu",
+        device_share=device_share(data),
     )
+
+
+def device_share(data: DataConfig) -> float | None:
+    """The share of each batch the training device decodes as data.decode pins it (None: the workers decode it
+    all). data.decode=auto starts with the workers, until data.decode_choice has timed both."""
+    return {"gpu": 1.0, "hybrid": data.device_share}.get(data.decode)
 
 
 def too_few_images(images: int, shape: BatchShape) -> str:
@@ -84,3 +91,17 @@ def too_few_images(images: int, shape: BatchShape) -> str:
 def loader_workers(data: DataConfig, topology: Topology) -> int:
     """data.workers, or where it is null, this rank's share of the machine's cores less one."""
     return data.workers if data.workers is not None else workers_for_cores(topology.local_world_size)
+
+
+def decode_where_fastest(data: DataConfig, loaders: tuple[Loader, ...], place: Placement) -> str | None:
+    """data.decode=auto on a CUDA device: both decoders timed on the training set (data.decode_choice), and the
+    loaders set to the share that feeds most before their first batch; the line that says what was chosen and
+    why. None where nothing was timed: the decode pinned, or a device that is the training process's own CPU."""
+    if data.decode != "auto" or place.device.type != "cuda":
+        return None
+    workers = loader_workers(data, place.topology)
+    rates = decode_choice.measure(loaders[0].dataset, place.shape.per_rank, workers, place.device)
+    choice = decode_choice.choose(rates)
+    for loader in loaders:
+        loader.decode_on_device(choice.share)
+    return choice.line

@@ -12,7 +12,9 @@ from configs.checks import one_of, positive, require
 DATASETS = ("synthetic", "imagenet")
 FORMATS = ("files", "shards")  # a folder tree in any known layout, or indexed tar shards
 CORRUPT_POLICIES = ("skip", "fail")
-DECODERS = ("cpu", "gpu")  # data.decode: the fused decoder in the workers, or the training device
+# data.decode: the fused decoder in the workers (cpu), the training device (gpu), a share of each batch on each
+# (hybrid), or the faster mix as measured at start-up on this machine (auto)
+DECODERS = ("auto", "cpu", "gpu", "hybrid")
 MAX_CLASSES = 8 * 8 * 4  # the synthetic generator's shapes x hues x textures (data/synthetic.py; a test checks)
 
 
@@ -44,8 +46,13 @@ class DataConfig:
     max_pixels: int = 178_956_970  # refuse an image whose header claims more pixels (Pillow's bomb limit)
     cache_bytes: bool = False  # keep every file's bytes in memory (read once, shared by the workers)
     # cpu: the fused decoder in the workers | gpu: the workers read the bytes and draw the crops, the training
-    # device decodes (nvJPEG on CUDA; on device=cpu the training process, which is how the tests run it)
-    decode: str = "cpu"
+    # device decodes (nvJPEG on CUDA; on device=cpu the training process, which is how the tests run it), but for
+    # files its fast path does not take (progressive, CMYK, not JPEG), which the workers decode | hybrid: the
+    # device decodes data.device_share of each batch, the workers the rest | auto: on CUDA, both decoders timed
+    # for a few seconds in MLPerf's init phase, and the mix that feeds most chosen (one line says which and why);
+    # on other devices, cpu (the training process is the device: decoding there would slow its step)
+    decode: str = "auto"
+    device_share: float = 0.65  # data.decode=hybrid: DALI's default share for its hardware decoder (hw_decoder_load)
     synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
 
 
@@ -77,6 +84,7 @@ def validate(data: DataConfig, batch_divisor: int, reads_files: bool = True) -> 
     one_of(data.format, "data.format", FORMATS)
     one_of(data.corrupt, "data.corrupt", CORRUPT_POLICIES)
     one_of(data.decode, "data.decode", DECODERS)
+    require(0 <= data.device_share <= 1, "data.device_share", f"must be in [0, 1], got {data.device_share}")
     positive(data.max_pixels, "data.max_pixels")
     validate_synthetic(data.synthetic)
 

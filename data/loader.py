@@ -1,9 +1,11 @@
-"""Batches of uint8 NHWC images, decoded in worker processes straight into shared memory.
+"""Batches of uint8 NHWC images, decoded in worker processes straight into shared memory, or on the training device.
 
 Each worker takes a whole batch of (index, seed) pairs, reads each file (or its cached bytes), draws the crop
 box from the header size, and decodes only the box into the batch's slot. The batch tensor lives in shared
 memory from the start, so it reaches the training process without a copy; uint8 travels, the model normalises.
 An unreadable or corrupt file is replaced by another sample and reported once, or ends the run, as `corrupt` says.
+With a share of each batch left to the training device (data.decode=gpu or hybrid), the worker reads those files'
+bytes and draws their crops only, and a producer thread of the training process decodes them (data.feeder).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import partial
-from typing import NamedTuple, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 import numpy as np
 import torch
@@ -27,7 +29,8 @@ from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter
 
 from data import jpeg
 from data.config import CORRUPT_POLICIES
-from data.device_decode import decode_crops
+from data.device_decode import decode_each, resize_crops
+from data.feeder import Feeder
 from data.sampler import ShardedSampler
 from data.split import DatasetError, Split
 from data.transforms import Box, centre_crop_box, random_resized_crop_box
@@ -66,18 +69,23 @@ class Decoded(NamedTuple):
 
 
 class Encoded(NamedTuple):
-    """One worker's batch left for the training device to decode (data.decode=gpu): the files' bytes end to end
-    (sample i is data[offsets[i] : offsets[i + 1]]), the crop box and flip each was given, what a replacement on
-    the host needs (dataset index and seed), and the labels; no file has been decoded, so `skipped` and `warned`
-    are filled by the loader."""
+    """One worker's batch for the training device to decode (data.decode=gpu or hybrid): the files it leaves to
+    the device, their bytes end to end (file i is data[offsets[i] : offsets[i + 1]]), the crop box and flip each
+    was given, the slot of the batch each goes to, and what a replacement on the host needs (dataset index and
+    seed); the other slots decoded here by the fused decoder (`host_images`, into `host_slots`); every slot's
+    label, and what `Decoded` reports."""
 
     data: torch.Tensor
     offsets: torch.Tensor
     boxes: list[Box]
     flips: list[bool]
+    device_slots: list[int]
     items: list[tuple[int, int]]
+    host_images: torch.Tensor
+    host_slots: list[int]
     labels: torch.Tensor
     skipped: list[tuple[str, str]]
+    warned: list[str]
     error: str | None
 
 
@@ -92,7 +100,7 @@ class BatchDataset(Dataset[Decoded | Encoded]):
         corrupt: str = "skip",
         cache_bytes: bool = False,
         max_pixels: int = jpeg.MAX_PIXELS,
-        encoded: bool = False,
+        device_share: float | None = None,
     ) -> None:
         if corrupt not in CORRUPT_POLICIES:
             raise ValueError(f"corrupt must be one of {CORRUPT_POLICIES}, not {corrupt!r}")
@@ -100,7 +108,9 @@ class BatchDataset(Dataset[Decoded | Encoded]):
         self.crops = crops
         self.corrupt = corrupt
         self.max_pixels = max_pixels
-        self.encoded = encoded  # batches as Encoded: bytes and boxes, decoded on the training device
+        # None: the workers decode every sample (Decoded batches); a share: that share of each batch is left to
+        # the training device (Encoded batches), but for files its decoder's fast path does not take
+        self.device_share = device_share
         # Read in the parent before the workers fork, so they share the pages instead of each reading the files.
         self.cache = [split.read(index) for index in range(len(split))] if cache_bytes else None
 
@@ -108,7 +118,7 @@ class BatchDataset(Dataset[Decoded | Encoded]):
         return len(self.split)
 
     def __getitem__(self, items: list[tuple[int, int]]) -> Decoded | Encoded:
-        if self.encoded:
+        if self.device_share is not None:
             return self.encode(items)
         size = self.crops.size
         images = torch.empty((len(items), size, size, 3), dtype=torch.uint8)
@@ -170,37 +180,62 @@ class BatchDataset(Dataset[Decoded | Encoded]):
             return data, box, flip
         return data, centre_crop_box(height, width, crops.eval_resize, crops.size), False
 
-    def _read_sample(self, index: int, seed: int) -> tuple[int, bytes, Box, bool]:
-        return (index, *self.read_with_crop(index, seed))
-
     def encode(self, items: list[tuple[int, int]]) -> Encoded:
-        """The batch's bytes and crops, a file whose header does not read replaced as when decoding (errors in
-        the pixels show when the device decodes them: the loader then decodes that sample here, on the host)."""
+        """The batch's first `device_share` slots as bytes and crops for the device (each file whose header does
+        not read replaced, as when decoding; errors in its pixels show when the device decodes it, and the loader
+        then decodes that sample on the host), the others decoded here: the rest of the batch, and each file the
+        device's decoder would not take on its fast path (jpeg.sequential_rgb)."""
+        assert self.device_share is not None
+        on_device = round(self.device_share * len(items))
+        size = self.crops.size
+        host = torch.empty((len(items), size, size, 3), dtype=torch.uint8)
         files: list[bytes] = []
         boxes: list[Box] = []
         flips: list[bool] = []
+        device_slots: list[int] = []
         kept: list[tuple[int, int]] = []
+        host_slots: list[int] = []
+        labels = torch.empty(len(items), dtype=torch.int64)
         skipped: list[tuple[str, str]] = []
+        warned: list[str] = []
         try:
-            for index, seed in items:
-                read = partial(self._read_sample, seed=seed)
-                kept_index, data, box, flip = self._or_replacement(read, index, seed, skipped)
-                files.append(data)
-                boxes.append(box)
-                flips.append(flip)
-                kept.append((kept_index, seed))
+            for slot, (index, seed) in enumerate(items):
+                if slot < on_device:
+                    read = partial(self._read_for_device, out=host[len(host_slots)].numpy(), seed=seed)
+                    index, data, box, flip = self._or_replacement(read, index, seed, skipped)
+                    labels[slot] = self.split[index][1]
+                    if data is not None:
+                        files.append(data)
+                        boxes.append(box)
+                        flips.append(flip)
+                        device_slots.append(slot)
+                        kept.append((index, seed))
+                        continue
+                else:
+                    labels[slot] = self.decode_or_replace(host[len(host_slots)].numpy(), index, seed, skipped, warned)
+                host_slots.append(slot)
         except DatasetError as err:
-            return Encoded(*_no_bytes(), [], [], [], torch.empty(0, dtype=torch.int64), skipped, str(err))
+            empty = torch.empty(0, dtype=torch.uint8)
+            return Encoded(empty, torch.zeros(1, dtype=torch.int64), [], [], [], [], empty, [], labels, skipped,
+                           warned, str(err))  # fmt: skip
+        host = host[: len(host_slots)].clone() if len(host_slots) < len(items) else host
         offsets = torch.tensor([0, *itertools.accumulate(len(data) for data in files)])
-        joined = torch.frombuffer(bytearray(b"".join(files)), dtype=torch.uint8) if files else _no_bytes()[0]
+        joined = torch.frombuffer(bytearray(b"".join(files)), dtype=torch.uint8) if files else host.new_empty(0)
         if get_worker_info() is not None:
-            joined.share_memory_()
-        labels = torch.tensor([self.split[index][1] for index, _ in kept], dtype=torch.int64)
-        return Encoded(joined, offsets, boxes, flips, kept, labels, skipped, None)
+            for tensor in (joined, host):
+                tensor.share_memory_()
+        return Encoded(joined, offsets, boxes, flips, device_slots, kept, host, host_slots, labels,
+                       skipped, warned, None)  # fmt: skip
 
-
-def _no_bytes() -> tuple[torch.Tensor, torch.Tensor]:
-    return torch.empty(0, dtype=torch.uint8), torch.zeros(1, dtype=torch.int64)
+    def _read_for_device(self, index: int, out: np.ndarray, seed: int) -> tuple[int, bytes | None, Box, bool]:
+        """Sample `index`'s bytes and crop for the device; a file its decoder would not take is decoded into
+        `out` here instead (its bytes then None)."""
+        data, box, flip = self.read_with_crop(index, seed)
+        if jpeg.sequential_rgb(data):
+            return index, data, box, flip
+        size = (self.crops.size, self.crops.size)
+        jpeg.decode_crop(data, box, size, flip, out=out, name=self.split[index][0], max_pixels=self.max_pixels)
+        return index, None, box, flip
 
 
 class Loader:
@@ -224,7 +259,8 @@ class Loader:
         self.batch = batch
         self.skipped: dict[str, str] = {}
         self.warned: set[str] = set()
-        self.waited_s = 0.0
+        self._waited_s = 0.0
+        self._feeder: Feeder[Encoded] | None = None
         self._loader = DataLoader(
             dataset,
             batch_size=None,
@@ -276,24 +312,49 @@ class Loader:
         and for evaluation a last, smaller one where the rank's share does not fill its batches."""
         return sorted({len(batch) for batch in self._loader.sampler}, reverse=True)
 
-    def __iter__(self) -> Iterator[Batch]:
-        if self.device is not None and self.device.type == "cuda" and not self.dataset.encoded:
-            return sent_ahead(self._batches(), self.device)
-        return self._batches()
+    def decode_on_device(self, share: float | None) -> None:
+        """Leave `share` of each batch to the training device from now on (None: the workers decode it all):
+        data.decode=auto's choice, made before the first batch (persistent workers keep the dataset as it was when
+        they started)."""
+        if self._loader._iterator is not None:
+            raise RuntimeError("the decoder is chosen before the loader's first batch")
+        self.dataset.device_share = share
 
-    def _batches(self) -> Iterator[Batch]:
-        batches = iter(self._loader)
+    @property
+    def waited_s(self) -> float:
+        return self._waited_s + (self._feeder.waited_s if self._feeder is not None else 0.0)
+
+    def __iter__(self) -> Iterator[Batch]:
+        batches = iter(self._loader)  # here, in the caller's thread: the workers are forked now, not by the feeder
+        if self.dataset.device_share is not None:
+            return self.feeder(self._read(batches))
+        if self.device is not None and self.device.type == "cuda":
+            return sent_ahead(self._read(batches), self.device)
+        return self._read(batches)
+
+    @property
+    def feeder(self) -> Feeder[Encoded]:
+        """The producer thread's buffers, made at the first batch decoded on the device."""
+        if self._feeder is None:
+            device = self.device or torch.device("cpu")
+            self._feeder = Feeder(self._on_device, self.batch, self.dataset.crops.size, device)
+        return self._feeder
+
+    def _read(self, batches: Iterator[Decoded | Encoded]) -> Iterator[Any]:
+        """The workers' batches: Decoded ones as (images, labels), Encoded ones as they come (for the feeder)."""
         while True:
             started = time.perf_counter()
             batch = next(batches, None)
             if batch is None:
                 return
-            self._report(batch.skipped, batch.warned if isinstance(batch, Decoded) else [])
+            self._report(batch.skipped, batch.warned)
             if batch.error is not None:
                 raise DatasetError(batch.error)
-            images, labels = self._on_device(batch) if isinstance(batch, Encoded) else (batch.images, batch.labels)
-            self.waited_s += time.perf_counter() - started  # the decode on the device is the input's time too
-            yield images, labels
+            if isinstance(batch, Encoded):
+                yield batch
+                continue
+            self._waited_s += time.perf_counter() - started
+            yield batch.images, batch.labels
 
     def _report(self, skipped: list[tuple[str, str]], warned: list[str]) -> None:
         """Each skipped file once, by its path; the files decoded despite libjpeg's warnings."""
@@ -304,38 +365,40 @@ class Loader:
         self.warned.update(warned)
 
     def _on_device(self, batch: Encoded) -> Batch:
-        """The batch decoded on the training device. A file the device does not decode (not a JPEG, CMYK, errors
-        in its pixels) is decoded here by the fused decoder, or replaced, as a worker would."""
-        files = [batch.data[start:end] for start, end in itertools.pairwise(batch.offsets.tolist())]
-        images = self._decoded_on_device(files, batch.boxes, batch.flips)
-        if images is not None:
-            return images, batch.labels
-        size = self.dataset.crops.size  # some file of the batch failed: find which, one by one
-        images = torch.empty((len(files), size, size, 3), dtype=torch.uint8, device=self.device)
+        """A worker's Encoded batch made whole on the training device: its files decoded and cropped there, the
+        slots the worker decoded copied in. A file the device does not decode (errors in its pixels, anything its
+        decoder refuses) is decoded here by the fused decoder, or replaced, as a worker would."""
+        size, device = self.dataset.crops.size, self.feeder.device
+        images = torch.empty((len(batch.labels), size, size, 3), dtype=torch.uint8, device=device)
         labels = batch.labels.clone()
-        for slot, file in enumerate(files):
-            one = self._decoded_on_device([file], batch.boxes[slot : slot + 1], batch.flips[slot : slot + 1])
-            images[slot], labels[slot] = (one[0], labels[slot]) if one is not None else self._on_host(batch, slot)
-        return images, labels
+        files = [batch.data[start:end] for start, end in itertools.pairwise(batch.offsets.tolist())]
+        decoded = decode_each(files, device)
+        done = [file for file, image in enumerate(decoded) if image is not None]
+        if done:
+            resized = resize_crops(
+                [decoded[file] for file in done],  # type: ignore[misc]  # None is left out above
+                [batch.boxes[file] for file in done],
+                [batch.flips[file] for file in done],
+                size,
+            )
+            images[[batch.device_slots[file] for file in done]] = resized
+        if batch.host_slots:
+            images[batch.host_slots] = batch.host_images.to(device, non_blocking=True)
+        for file, image in enumerate(decoded):
+            if image is None:
+                slot = batch.device_slots[file]
+                pixels, labels[slot] = self._on_host(batch.items[file])
+                images[slot] = pixels.to(device)
+        return images, labels.to(device, non_blocking=True)
 
-    def _decoded_on_device(self, files: list[torch.Tensor], boxes: list[Box], flips: list[bool]) -> torch.Tensor | None:
-        """`decode_crops` on the training device, or None where it refuses a file (out of memory is no refusal)."""
-        assert self.device is not None
-        try:
-            return decode_crops(files, boxes, flips, self.dataset.crops.size, self.device)
-        except torch.OutOfMemoryError:
-            raise
-        except RuntimeError:
-            return None
-
-    def _on_host(self, batch: Encoded, slot: int) -> tuple[torch.Tensor, int]:
-        """Sample `slot` by the fused decoder here (replaced if unreadable, reported as a worker reports), and its
-        label."""
+    def _on_host(self, item: tuple[int, int]) -> tuple[torch.Tensor, int]:
+        """Sample `item` (dataset index, seed) by the fused decoder here (replaced if unreadable, reported as a
+        worker reports), and its label."""
         size = self.dataset.crops.size
         pixels = np.empty((size, size, 3), np.uint8)
         skipped: list[tuple[str, str]] = []
         warned: list[str] = []
-        label = self.dataset.decode_or_replace(pixels, *batch.items[slot], skipped, warned)
+        label = self.dataset.decode_or_replace(pixels, *item, skipped, warned)
         self._report(skipped, warned)
         return torch.from_numpy(pixels), label
 
@@ -400,13 +463,13 @@ def build_loader(
     cache_bytes: bool = False,
     max_pixels: int = jpeg.MAX_PIXELS,
     device: torch.device | None = None,
-    decode_on_device: bool = False,
+    device_share: float | None = None,
 ) -> Loader:
     """Full batches (training) or every sample with a trailing partial batch (evaluation), uint8 NHWC, for the
     training `device` (a CUDA one gets each batch copied ahead on a side stream): decoded by the workers, or with
-    `decode_on_device` (data.decode=gpu), by the device from the bytes the workers read."""
+    a `device_share` (data.decode=gpu or hybrid), that share of each batch by the device, in a producer thread
+    (data.feeder), from the bytes the workers read."""
     dataset = BatchDataset(
-        split, crops, corrupt=corrupt, cache_bytes=cache_bytes, max_pixels=max_pixels, encoded=decode_on_device
+        split, crops, corrupt=corrupt, cache_bytes=cache_bytes, max_pixels=max_pixels, device_share=device_share
     )
-    pin = pin_memory and not decode_on_device  # the workers' bytes stay on the host
-    return Loader(dataset, sampler, batch=batch, workers=workers, pin=pin, device=device)
+    return Loader(dataset, sampler, batch=batch, workers=workers, pin=pin_memory, device=device)

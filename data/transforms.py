@@ -5,30 +5,36 @@ A box is (top, left, height, width) in original pixels, as `data.jpeg.decode_cro
 
 from __future__ import annotations
 
+import threading
+
 import torch
 from torchvision.transforms import RandomResizedCrop
 
 Box = tuple[int, int, int, int]
 
 CROP_RATIO = (3 / 4, 4 / 3)  # the MLPerf reference's aspect-ratio range
+# One draw at a time: the producer thread (data.feeder) draws crops in the training process when it reads the
+# files itself (data.workers=0), and two draws interleaved on the one global generator would swap their numbers.
+_GLOBAL_GENERATOR = threading.Lock()
 
 
 def random_resized_crop_box(height: int, width: int, area_min: float, seed: int) -> tuple[Box, bool]:
     """torchvision's RandomResizedCrop parameters (10 tries, then a centre crop) and a coin for the flip.
 
     torchvision draws from torch's global generator: the draw reseeds it from `seed` and puts its state back
-    after, so each sample's box depends on its own seed only, whatever process or worker draws it. (Seeding
-    the CPU generator alone takes microseconds; torch.manual_seed, which seeds every device too, hundreds.)
+    after, so each sample's box depends on its own seed only, whatever process, worker or thread draws it.
+    (Seeding the CPU generator alone takes microseconds; torch.manual_seed, which seeds every device too, hundreds.)
     """
     generator = torch.default_generator
-    state = generator.get_state()
-    generator.manual_seed(seed)
     shape_only = torch.empty(()).expand(1, height, width)  # get_params reads the size, never the pixels
-    try:
-        top, left, h, w = RandomResizedCrop.get_params(shape_only, scale=[area_min, 1.0], ratio=list(CROP_RATIO))
-        flip = bool(torch.rand(()) < 0.5)
-    finally:
-        generator.set_state(state)
+    with _GLOBAL_GENERATOR:
+        state = generator.get_state()
+        generator.manual_seed(seed)
+        try:
+            top, left, h, w = RandomResizedCrop.get_params(shape_only, scale=[area_min, 1.0], ratio=list(CROP_RATIO))
+            flip = bool(torch.rand(()) < 0.5)
+        finally:
+            generator.set_state(state)
     return (top, left, h, w), flip
 
 

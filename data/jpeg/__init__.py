@@ -30,6 +30,10 @@ INT_MAX = 2**31 - 1  # crops are C ints
 DecodeError = _jpeg.DecodeError
 corrupt_warnings = _jpeg.corrupt_warnings
 JPEG_MAGIC = b"\xff\xd8"
+SEQUENTIAL_FRAMES = (0xC0, 0xC1)  # SOF0 and SOF1: baseline and extended sequential, Huffman-coded
+OTHER_FRAMES = (0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF)  # progressive, lossless, arithmetic
+UNSIZED_MARKERS = (0x01, *range(0xD0, 0xD8))  # TEM and the restart markers: no length follows
+START_OF_SCAN = 0xDA
 
 
 def image_size(data: bytes, name: str | None = None, max_pixels: int = MAX_PIXELS) -> tuple[int, int]:
@@ -39,6 +43,30 @@ def image_size(data: bytes, name: str | None = None, max_pixels: int = MAX_PIXEL
         if data[:2] == JPEG_MAGIC:
             return _jpeg.image_size(data, max_pixels)
         return pil.image_size(data, max_pixels)
+
+
+def sequential_rgb(data: bytes) -> bool:
+    """Whether `data` is a JPEG a GPU's decoder takes on its fast path: 8-bit, sequential and Huffman-coded (the
+    hardware decoders of nvJPEG take baseline files; progressive ones fall to a slow path there), of one or three
+    components (not CMYK). Read from the markers before the first scan; anything else, or a file whose header
+    does not read, is False."""
+    if data[:2] != JPEG_MAGIC:
+        return False
+    at = 2
+    while at + 4 <= len(data):
+        if data[at] != 0xFF:
+            return False
+        marker = data[at + 1]
+        if marker == 0xFF or marker in UNSIZED_MARKERS:  # a fill byte, or a marker without a length
+            at += 1 if marker == 0xFF else 2
+            continue
+        if marker in SEQUENTIAL_FRAMES or marker in OTHER_FRAMES:
+            frame = data[at + 4 : at + 10]
+            return marker in SEQUENTIAL_FRAMES and len(frame) == 6 and frame[0] == 8 and frame[5] in (1, 3)
+        if marker == START_OF_SCAN:
+            return False
+        at += 2 + int.from_bytes(data[at + 2 : at + 4], "big")
+    return False
 
 
 def decode_crop(
