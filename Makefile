@@ -105,7 +105,7 @@ clean-venv:
 # The one-shot GPU check (bench/gpu/check.py), run first whenever a GPU is lent: on the GPU machine, with the
 # folder .gpu that `make gpu-wheels` prepared carried along, `make gpu-check` writes gpu.json, gpu.md and the
 # stages' logs into $OUT. Its Python is the machine's own (python3, with torch): no venv. The whole check no longer
-# fits one call: the next session runs `make gpu-check ARGS="--preset issue48"` (the stages of GPU decoding).
+# fits one call: the next session runs `make gpu-check ARGS="--preset feed"`, then ARGS="--preset step-variants".
 GPU_OUT ?= $(if $(OUT),$(OUT),build/gpu-check)
 gpu-check:
 	$(PYTHON) -m bench.gpu.check --out $(GPU_OUT) $(ARGS)

@@ -81,6 +81,8 @@ class Feeder(Generic[T]):
                     torch.cuda.current_stream(self.device).wait_event(copied)
                 yield reading.images[:size], reading.labels[:size]
         finally:
+            if reading is not None:  # its step is queued too: the next epoch's thread waits for it as for the others
+                reading.read = self._record()
             stop.set()  # the reader is gone: the thread stops before its next batch
             free.put(None)
             thread.join()

@@ -414,6 +414,39 @@ def test_a_batch_decoded_on_cuda_is_the_batch_decoded_on_the_cpu(tiny_tree: Path
     assert (on_gpu.cpu().int() - on_cpu.int()).abs().float().mean() < 2  # nvJPEG's IDCT against libjpeg-turbo's
 
 
+@pytest.mark.cuda
+@needs_gpu
+@pytest.mark.parametrize("share", [1.0, 0.5], ids=["gpu", "hybrid"])
+def test_a_loader_decoding_on_cuda_gives_the_workers_batches_from_its_fixed_buffers(
+    tiny_tree: Path, share: float
+) -> None:
+    with (
+        loader_for(tiny_tree, batch=2, workers=1) as on_host,
+        loader_for(tiny_tree, batch=2, workers=1, device=CUDA, device_share=share, pin_memory=True) as on_gpu,
+    ):
+        for (images, labels), (ours, our_labels) in zip(on_host, on_gpu, strict=True):
+            assert ours.is_cuda and our_labels.is_cuda and torch.equal(our_labels.cpu(), labels)
+            assert any(ours.data_ptr() == buffer.images.data_ptr() for buffer in on_gpu.feeder.buffers)
+            assert (ours.cpu().int() - images.int()).abs().float().mean() < 2
+
+
+@pytest.mark.cuda
+@needs_gpu
+def test_the_feeder_never_overwrites_a_batch_a_slow_step_has_not_read_yet() -> None:
+    """Each step sleeps on the GPU before it reads its batch, while the producer's stream fills the other buffers
+    at once: without the events a buffer would be refilled before its step read it."""
+    from data.feeder import Feeder
+
+    def prepare(item: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.full((4, 8, 8, 3), item, dtype=torch.uint8, device=CUDA), torch.full((4,), item, device=CUDA)
+
+    read = []
+    for images, labels in Feeder(prepare, batch=4, size=8, device=CUDA)(iter(range(12))):
+        torch.cuda._sleep(20_000_000)  # about 10 ms of the step's stream, queued before the batch is read
+        read.append((images.float().mean(), labels.float().mean()))
+    assert [(float(mean), float(label)) for mean, label in read] == [(float(i), float(i)) for i in range(12)]
+
+
 # backends.graphs: device.cuda_graphs (the CPU side: tests/test_backends.py)
 
 

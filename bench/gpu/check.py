@@ -4,10 +4,11 @@
     make gpu-rehearse                # here: the same on the CPU with torch 2.11, at tiny sizes (--tiny)
     python -m bench.gpu.check --out DIR [--tiny] [--stages step,e2e | --preset NAME] [--budget 570]
 
-The next GPU session runs issue 48's measurements (the decoders, the loader's hybrid split, train.py with
-data.decode=auto, the best step at larger batches and padded, its CUDA trace), about 8 minutes on an H200, with:
+The next GPU session measures GPU decoding and the step's shape in two calls on the same warm machine, about
+5 and 4 minutes on an H200:
 
-    make gpu-check ARGS="--preset issue48"     # = --stages env,tests,decode,loader,train,trace,variants
+    make gpu-check ARGS="--preset feed"            # = --stages env,tests,decode,loader,train
+    make gpu-check ARGS="--preset step-variants"   # = --stages trace,variants
 
 First `setup`: the wheels `make gpu-wheels` carried (hydra-core, omegaconf, mlperf-logging, ...) installed into
 build/gpu-site where this Python lacks them, and the JPEG decoder compiled (`make native`, against the carried
@@ -122,9 +123,12 @@ STAGES = (
 )
 # Named sets of stages, for one device call each (they run in STAGES' order).
 PRESETS = {
-    # issue 48: GPU decoding. About 8 minutes on an H200: env 15 s, tests 40, decode 80, loader 55, train 110,
-    # trace 25, variants 165 (its three new compiles); the stages' caps add up to more, the budget stops it at 570.
-    "issue48": ("env", "tests", "decode", "loader", "train", "trace", "variants"),
+    # Feeding the GPU: the decoders, the loader's split, train.py with data.decode=auto. About 300 s on an H200
+    # (env 15 s, tests 40, decode 80, loader 55, train 110, by the 2026-11-27 calls' timings).
+    "feed": ("env", "tests", "decode", "loader", "train"),
+    # The step's shape: its CUDA trace, then the best step at batch 400 and 384 and padded. About 240 s (the best
+    # step compiled once more on a fresh process, 25 s of trace, 165 s for the variants' three new compiles).
+    "step-variants": ("trace", "variants"),
 }
 
 
