@@ -155,11 +155,11 @@ def test_an_unknown_stage_name_is_refused_naming_the_stages(capsys: pytest.Captu
 
 def test_a_preset_runs_its_stages_in_the_checks_order(tmp_path: Path, no_setup: None) -> None:
     args = check.parse_args(["--out", str(tmp_path), "--work", str(tmp_path / "work"), "--preset", "feed"])
-    assert args.stages == ["env", "tests", "decode", "loader", "train"]
+    assert args.stages == ["env", "tests", "smoke", "decode", "loader", "train"]
     stages = tuple(python_stage(stage.name, "pass") for stage in check.STAGES)
-    assert list(check.check(args, stages)) == ["setup", "env", "tests", "decode", "loader", "train"]
+    assert list(check.check(args, stages)) == ["setup", "env", "tests", "smoke", "decode", "loader", "train"]
     args = check.parse_args(["--out", str(tmp_path), "--work", str(tmp_path / "work"), "--preset", "step-variants"])
-    joined = ["setup", "env", "tests", "decode", "loader", "train", "trace", "variants"]
+    joined = ["setup", "env", "tests", "smoke", "decode", "loader", "train", "trace", "variants"]
     assert list(check.check(args, stages)) == joined  # the second call adds to what the first recorded
     with pytest.raises(SystemExit):  # one or the other
         check.parse_args(["--preset", "feed", "--stages", "env"])

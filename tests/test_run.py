@@ -51,6 +51,9 @@ from tests.conftest import (
 
 # Two epochs of 4 steps (TINY_RUN: 64 images at 32 px, batches of 16) that never reach the target, with LARS.
 TWO_EPOCHS = (*TINY_RUN, "run.max_epochs=2", *ALL_EPOCHS)
+# The same, half of each batch decoded on the training device (the CPU here: the GPU's stand-in) by the producer
+# thread, the other half and its crops by the workers.
+DEVICE_DECODED = (*TWO_EPOCHS, "data.decode=hybrid", "data.device_share=0.5")
 # The same images in one step per epoch, so that a stop at step 1 comes at the end of an epoch, before its
 # evaluation; with SGD, so that each optimizer's state goes through a checkpoint.
 ONE_STEP_EPOCHS = (*TWO_EPOCHS, "data.global_batch=64", "optim=sgd")
@@ -114,7 +117,11 @@ def assert_a_whole_run(run_dir: Path, optimizer: str) -> None:
     assert_rundir_names_each_entry(run_dir, CHECKER_LOG)  # the test's own checker may have run in the directory
 
 
-@pytest.mark.parametrize(("recipe", "optimizer"), [(TWO_EPOCHS, "lars"), (ONE_STEP_EPOCHS, "sgd")], ids=["lars", "sgd"])
+@pytest.mark.parametrize(
+    ("recipe", "optimizer"),
+    [(TWO_EPOCHS, "lars"), (ONE_STEP_EPOCHS, "sgd"), (DEVICE_DECODED, "lars")],
+    ids=["lars", "sgd", "decoded on the device"],
+)
 def test_a_whole_run_leaves_its_log_weights_and_metrics(straight, recipe, optimizer, tmp_path):
     run_dir = straight(recipe)
     assert_compliant_but_for_accuracy(run_dir / "mlperf.log", tmp_path)
@@ -273,14 +280,15 @@ def test_a_run_stopped_at_the_end_of_an_epoch_then_killed_resumes_to_the_same_ru
 
 def test_a_run_checkpointing_every_few_steps_killed_mid_epoch_resumes_to_the_same_run(straight, cache_dir, tmp_path):
     """run.checkpoint_every_steps=3 over epochs of 4 steps: a checkpoint at step 3, mid-epoch, where SIGKILL (no
-    chance to save) finds it; resumed from there, the run ends with the weights of one never stopped."""
-    command = [sys.executable, "train.py", *TWO_EPOCHS, "run.checkpoint_every_steps=3", f"hydra.run.dir={tmp_path}"]
+    chance to save) finds it; resumed from there, the run ends with the weights of one never stopped. Half of each
+    batch is decoded on the training device: the samples and crops do not depend on who decodes them."""
+    command = [sys.executable, "train.py", *DEVICE_DECODED, "run.checkpoint_every_steps=3", f"hydra.run.dir={tmp_path}"]
     killed = stop_when(command, cache_dir, lambda _: (tmp_path / "checkpoint.pt").exists(), signal.SIGKILL)
     saved = torch.load(tmp_path / "checkpoint.pt", weights_only=True)["loop"]
     assert saved["step"] % 3 == 0 and saved["batch"] == saved["step"] % 4 != 0, killed.output  # within an epoch
     resumed = run_train(*command[2:], "run.resume=auto", cache=cache_dir, check=True)
     assert f"resuming at epoch {saved['epoch']} (step {saved['step']}, {saved['batch']} steps" in resumed.stdout
-    assert_same_run(straight(TWO_EPOCHS), tmp_path)
+    assert_same_run(straight(DEVICE_DECODED), tmp_path)
 
 
 def last_event(log: Path) -> str:

@@ -5,9 +5,9 @@
     python -m bench.gpu.check --out DIR [--tiny] [--stages step,e2e | --preset NAME] [--budget 570]
 
 The next GPU session measures GPU decoding and the step's shape in two calls on the same warm machine, about
-5 and 4 minutes on an H200:
+6 and 4 minutes on an H200:
 
-    make gpu-check ARGS="--preset feed"            # = --stages env,tests,decode,loader,train
+    make gpu-check ARGS="--preset feed"            # = --stages env,tests,smoke,decode,loader,train
     make gpu-check ARGS="--preset step-variants"   # = --stages trace,variants
 
 First `setup`: the wheels `make gpu-wheels` carried (hydra-core, omegaconf, mlperf-logging, ...) installed into
@@ -18,7 +18,8 @@ the figures it saved before), and the next one runs:
 
   env       versions, the GPU's name, memory and clocks, the host's CPU, the decoder      bench/gpu/env.py
   tests     the tests marked cuda (pytest -m cuda)                                      tests/test_cuda.py
-  smoke     train.py experiment=smoke on the device, to its target, log checked         bench/gpu/smoke.py
+  smoke     train.py experiment=smoke on the device, decoding there, to its target,
+            log checked                                                                 bench/gpu/smoke.py
   decode    the fused CPU decoder per core, decode_crops on the GPU alone and beside
             the best step, and their pixels compared                                    bench/gpu/decode.py
   loader    the input pipeline at 224 px with 4, 8 and every core but one of workers,
@@ -123,9 +124,10 @@ STAGES = (
 )
 # Named sets of stages, for one device call each (they run in STAGES' order).
 PRESETS = {
-    # Feeding the GPU: the decoders, the loader's split, train.py with data.decode=auto. About 300 s on an H200
-    # (env 15 s, tests 40, decode 80, loader 55, train 110, by the 2026-11-27 calls' timings).
-    "feed": ("env", "tests", "decode", "loader", "train"),
+    # Feeding the GPU: a run to its target decoding on the GPU, the decoders, the loader's split, train.py with
+    # data.decode=auto. About 390 s on an H200 (env 15 s, tests 40, smoke 90, decode 80, loader 55, train 110, by
+    # the 2026-11-27 calls' timings).
+    "feed": ("env", "tests", "smoke", "decode", "loader", "train"),
     # The step's shape: its CUDA trace, then the best step at batch 400 and 384 and padded. About 240 s (the best
     # step compiled once more on a fresh process, 25 s of trace, 165 s for the variants' three new compiles).
     "step-variants": ("trace", "variants"),
