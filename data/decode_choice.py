@@ -1,16 +1,17 @@
 """data.decode=auto: who decodes, chosen from both decoders' rates timed on this machine at start-up.
 
-The workers' fused decoder is timed on one core of the training process and counted once a worker; the device's
-decoder (data.device_decode) is timed from one thread, as the producer thread runs it. Both take the same files
-of the training set with their crops. The share of each batch that leaves both busy for the same time feeds the
-most: device / (device + workers); a share within AUTO_SNAP of 0 or 1 is taken as cpu or gpu, where the other
-decoder would add a few percent at most.
+The workers' fused decoder is timed on one core of the training process, as a worker decodes (the header read,
+the crop drawn, the crop decoded into a slot), and counted once a worker; the device's decoder
+(data.device_decode) is timed from one thread, as the producer thread runs it. Both take the same files of the
+training set. The share of each batch that leaves both busy for the same time feeds the most: device / (device +
+workers); a share within AUTO_SNAP of 0 or 1 is taken as cpu or gpu, where the other decoder would add a few
+percent at most. The GPU check's decode stage (bench/gpu/decode.py) times the two the same way.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -24,6 +25,7 @@ from data.transforms import Box
 SAMPLES = 64  # files timed, read once before the clocks start
 AUTO_SNAP = 0.05
 SHARE_STEP = 0.05  # the share chosen is rounded to this
+Draw = Callable[[bytes, int], tuple[Box, bool]]  # a file's crop box and flip, from its bytes and a seed
 
 
 @dataclass(frozen=True)
@@ -66,37 +68,56 @@ def choose(rates: Rates) -> Choice:
 
 
 def measure(dataset: BatchDataset, batch: int, workers: int, device: torch.device, seconds: float = 2.0) -> Rates:
-    """Both decoders timed for about `seconds` each on the first SAMPLES files of `dataset` (those the device's
-    decoder takes), with the crops a first epoch would give them."""
-    samples = [dataset.read_with_crop(index, seed=index) for index in range(min(SAMPLES, len(dataset)))]
-    samples = [sample for sample in samples if jpeg.sequential_rgb(sample[0])] or samples
+    """Both decoders timed for about `seconds` each on the first SAMPLES files of `dataset` that the device's
+    decoder takes, with the crops an epoch would draw for them."""
+    files = [dataset.read_with_crop(index, seed=0)[0] for index in range(min(SAMPLES, len(dataset)))]
+    files = [data for data in files if jpeg.sequential_rgb(data)] or files
     size = dataset.crops.size
+    cpu = fused_rate(files, dataset.crop, size, seconds)
+    return Rates(cpu, workers, device_rate(files, dataset.crop, size, batch, device, seconds))
+
+
+def fused_rate(files: Sequence[bytes], draw: Draw, size: int, seconds: float) -> float:
+    """Images a second of the fused decoder on this one core, as a worker decodes file after file (the i-th call
+    with seed i): its header read, its crop drawn, the crop decoded into a slot."""
     pixels = np.empty((size, size, 3), np.uint8)
 
-    def on_cpu(data: bytes, box: Box, flip: bool) -> None:
+    def decode(call: int) -> int:
+        data = files[call % len(files)]
+        box, flip = draw(data, call)
         jpeg.decode_crop(data, box, (size, size), flip, out=pixels)
+        return 1
 
-    encoded = [torch.frombuffer(bytearray(data), dtype=torch.uint8) for data, _, _ in samples]
-    groups = [range(start, min(start + batch, len(samples))) for start in range(0, len(samples), batch)]
-
-    def on_device(group: range) -> None:
-        decode_crops([encoded[i] for i in group], [samples[i][1] for i in group], [samples[i][2] for i in group],
-                     size, device)  # fmt: skip
-
-    on_device(groups[0])  # the decoder's first call sets it up: not timed
-    cpu = _rate(lambda i: on_cpu(*samples[i % len(samples)]), lambda i: 1, seconds)
-    gpu = _rate(lambda i: on_device(groups[i % len(groups)]), lambda i: len(groups[i % len(groups)]), seconds, device)
-    return Rates(cpu, workers, gpu)
+    return images_a_second(decode, seconds)
 
 
-def _rate(
-    work: Callable[[int], None], images: Callable[[int], int], seconds: float, device: torch.device | None = None
+def device_rate(
+    files: Sequence[bytes], draw: Draw, size: int, batch: int, device: torch.device, seconds: float
 ) -> float:
-    """Images a second of `work(i)` for i = 0, 1, ... until `seconds` have passed (at least once)."""
+    """Images a second of data.device_decode.decode_crops from this one thread, the files dealt in batches of
+    `batch` (the last filled from the first), their crops drawn beforehand as the workers draw them; the first
+    batch, which sets the decoder up, untimed."""
+    count = max(batch, len(files) // batch * batch)
+    encoded = [torch.frombuffer(bytearray(files[i % len(files)]), dtype=torch.uint8) for i in range(count)]
+    crops = [draw(files[i % len(files)], i) for i in range(count)]
+    batches = [range(start, start + batch) for start in range(0, count, batch)]
+
+    def decode(call: int) -> int:
+        chosen = batches[call % len(batches)]
+        boxes, flips = zip(*(crops[i] for i in chosen), strict=True)
+        decode_crops([encoded[i] for i in chosen], boxes, flips, size, device)
+        return len(chosen)
+
+    decode(0)
+    return images_a_second(decode, seconds, device)
+
+
+def images_a_second(work: Callable[[int], int], seconds: float, device: torch.device | None = None) -> float:
+    """Images a second of `work(call)` (returning the images it did) for call = 0, 1, ... until `seconds` have
+    passed, at least once; a CUDA `device` drained before the clock stops."""
     done, calls, started = 0, 0, time.perf_counter()
     while calls == 0 or time.perf_counter() - started < seconds:
-        work(calls)
-        done += images(calls)
+        done += work(calls)
         calls += 1
     if device is not None and device.type == "cuda":
         torch.cuda.synchronize(device)

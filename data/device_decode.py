@@ -38,7 +38,8 @@ def decode_all(encoded: Sequence[torch.Tensor], device: torch.device) -> list[to
     saw corrupted batches on an H100 without this)."""
     if device.type == "cuda":
         torch.cuda.current_stream(device).synchronize()
-    return decode_jpeg(list(encoded), mode=ImageReadMode.RGB, device=device)
+    images = decode_jpeg(list(encoded), mode=ImageReadMode.RGB, device=device)
+    return images if isinstance(images, list) else [images]  # a list in gives a list out
 
 
 def decode_each(encoded: Sequence[torch.Tensor], device: torch.device) -> list[torch.Tensor | None]:

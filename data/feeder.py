@@ -39,6 +39,11 @@ class Buffer:
     read: torch.cuda.Event | None = None
 
 
+# What the thread hands the reader: a buffer filled with so many images and the event after their copy (None on the
+# CPU), or the error that stopped it, or None at the end of the items.
+Made = tuple[Buffer, int, torch.cuda.Event | None] | BaseException | None
+
+
 class Feeder(Generic[T]):
     """The fixed buffers of one loader, and the time its reader waited for a batch (`waited_s`, over all epochs)."""
 
@@ -59,7 +64,7 @@ class Feeder(Generic[T]):
         free: queue.Queue[Buffer | None] = queue.Queue()
         for buffer in self.buffers:
             free.put(buffer)
-        ready: queue.Queue[tuple[Buffer, int, torch.cuda.Event | None] | BaseException | None] = queue.Queue()
+        ready: queue.Queue[Made] = queue.Queue()
         stop = threading.Event()
         thread = threading.Thread(target=self._produce, args=(items, free, ready, stop), name="feeder", daemon=True)
         thread.start()
@@ -88,7 +93,7 @@ class Feeder(Generic[T]):
             thread.join()
 
     def _produce(
-        self, items: Iterator[T], free: queue.Queue[Buffer | None], ready: queue.Queue, stop: threading.Event
+        self, items: Iterator[T], free: queue.Queue[Buffer | None], ready: queue.Queue[Made], stop: threading.Event
     ) -> None:
         """The thread: each item made into a batch on a stream of its own, then copied into the next free buffer
         once the step that read it last is done; the end of the items (None) or an error goes to the reader."""

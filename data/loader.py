@@ -173,12 +173,16 @@ class BatchDataset(Dataset[Decoded | Encoded]):
     def read_with_crop(self, index: int, seed: int) -> tuple[bytes, Box, bool]:
         """Sample `index`'s bytes, and the crop box and flip drawn from its header's size (and `seed`)."""
         data = self.cache[index] if self.cache is not None else self.split.read(index)
-        height, width = jpeg.image_size(data, name=self.split[index][0], max_pixels=self.max_pixels)
+        return data, *self.crop(data, seed, name=self.split[index][0])
+
+    def crop(self, data: bytes, seed: int, name: str | None = None) -> tuple[Box, bool]:
+        """The crop box and flip of the file `data` (named `name` in errors), drawn from its header's size: a
+        random-resized crop from `seed` when training, the centre crop when evaluating."""
+        height, width = jpeg.image_size(data, name=name, max_pixels=self.max_pixels)
         crops = self.crops
         if crops.train:
-            box, flip = random_resized_crop_box(height, width, crops.area_min, seed)
-            return data, box, flip
-        return data, centre_crop_box(height, width, crops.eval_resize, crops.size), False
+            return random_resized_crop_box(height, width, crops.area_min, seed)
+        return centre_crop_box(height, width, crops.eval_resize, crops.size), False
 
     def encode(self, items: list[tuple[int, int]]) -> Encoded:
         """The batch's first `device_share` slots as bytes and crops for the device (each file whose header does

@@ -22,7 +22,6 @@ import argparse
 import sys
 import threading
 import time
-from collections.abc import Callable
 from contextlib import nullcontext
 from pathlib import Path
 
@@ -32,7 +31,7 @@ import torch
 from bench.gpu import stage
 from bench.gpu import step as step_stage
 from bench.gpu.pipeline import imagenet_like
-from data import jpeg
+from data import decode_choice, jpeg
 from data.device_decode import decode_crops
 from data.transforms import Box, random_resized_crop_box
 
@@ -77,44 +76,17 @@ def on_device(batch: list[Sample], size: int, device: torch.device) -> torch.Ten
     return decode_crops([s.encoded for s in batch], [s.box for s in batch], [s.flip for s in batch], size, device)
 
 
-def rate(work: Callable[[], int], seconds: float) -> float:
-    """Images a second from calls of `work` (each returning the images it did) for at least `seconds`, the device
-    drained at the end."""
-    images, started = 0, time.perf_counter()
-    while time.perf_counter() - started < seconds:
-        images += work()
-    stage.synchronize()
-    return images / (time.perf_counter() - started)
-
-
 def cpu_rate(found: list[Sample], size: int, seconds: float) -> stage.Figures:
-    """The fused decoder in this thread: read the header, draw the box, decode the crop into a slot."""
-    out = np.empty((size, size, 3), np.uint8)
-    position = iter(range(sys.maxsize))
-
-    def one() -> int:
-        seed = next(position)
-        data = found[seed % len(found)].data
-        box, flip = crop(data, seed)
-        jpeg.decode_crop(data, box, (size, size), flip, out=out)
-        return 1
-
-    return {"img_s_per_core": round(rate(one, seconds), 1)}
+    """The fused decoder in this thread, as a worker decodes and as data.decode=auto times it: read the header,
+    draw the box, decode the crop into a slot."""
+    return {"img_s_per_core": round(decode_choice.fused_rate([s.data for s in found], crop, size, seconds), 1)}
 
 
-def device_rate(work: list[list[Sample]], size: int, device: torch.device, seconds: float) -> stage.Figures:
-    """decode_crops from this one thread, batch after batch, after two to warm up (nvJPEG's handles, buffers)."""
-    for batch in work[:2]:
-        on_device(batch, size, device)
-    stage.synchronize()
-    position = iter(range(sys.maxsize))
-
-    def one() -> int:
-        batch = work[next(position) % len(work)]
-        on_device(batch, size, device)
-        return len(batch)
-
-    return {"img_s": round(rate(one, seconds), 1), "batch": len(work[0]), "device": device.type}
+def device_rate(found: list[Sample], size: int, batch: int, device: torch.device, seconds: float) -> stage.Figures:
+    """decode_crops from this one thread, batch after batch, as data.decode=auto times it."""
+    files = [s.data for s in found]
+    img_s = decode_choice.device_rate(files, crop, size, batch, device, seconds)
+    return {"img_s": round(img_s, 1), "batch": batch, "device": device.type}
 
 
 class Decoding(threading.Thread):
@@ -225,7 +197,7 @@ def run(args: argparse.Namespace, sizes: stage.Sizes) -> stage.Figures:
     if device.type != "cuda":
         figures["gpu"] = stage.no_gpu("nvJPEG (the device rows ran torchvision's CPU decode)")
     stage.attempt("cpu", lambda: cpu_rate(found, sizes.image, seconds), figures, args.json)
-    stage.attempt("device", lambda: device_rate(work, sizes.image, device, seconds), figures, args.json)
+    stage.attempt("device", lambda: device_rate(found, sizes.image, sizes.batch, device, seconds), figures, args.json)
     stage.attempt("beside", lambda: beside(args, sizes, work), figures, args.json)
     stage.attempt("pixels", lambda: pixels(found, sizes.image, device, sizes.batch), figures, args.json)
     return figures
