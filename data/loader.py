@@ -205,7 +205,8 @@ class BatchDataset(Dataset[Decoded | Encoded]):
         try:
             for slot, (index, seed) in enumerate(items):
                 if slot < on_device:
-                    read = partial(self._read_for_device, out=host[len(host_slots)].numpy(), seed=seed)
+                    out = host[len(host_slots)].numpy()
+                    read = partial(self._read_for_device, out=out, seed=seed, warned=warned)
                     index, data, box, flip = self._or_replacement(read, index, seed, skipped)
                     labels[slot] = self.split[index][1]
                     if data is not None:
@@ -231,14 +232,18 @@ class BatchDataset(Dataset[Decoded | Encoded]):
         return Encoded(joined, offsets, boxes, flips, device_slots, kept, host, host_slots, labels,
                        skipped, warned, None)  # fmt: skip
 
-    def _read_for_device(self, index: int, out: np.ndarray, seed: int) -> tuple[int, bytes | None, Box, bool]:
+    def _read_for_device(
+        self, index: int, out: np.ndarray, seed: int, warned: list[str]
+    ) -> tuple[int, bytes | None, Box, bool]:
         """Sample `index`'s bytes and crop for the device; a file its decoder would not take is decoded into
-        `out` here instead (its bytes then None)."""
+        `out` here instead (its bytes then None, and its name in `warned` if libjpeg warned)."""
         data, box, flip = self.read_with_crop(index, seed)
         if jpeg.sequential_rgb(data):
             return index, data, box, flip
-        size = (self.crops.size, self.crops.size)
-        jpeg.decode_crop(data, box, size, flip, out=out, name=self.split[index][0], max_pixels=self.max_pixels)
+        name, size, warnings = self.split[index][0], (self.crops.size, self.crops.size), jpeg.corrupt_warnings()
+        jpeg.decode_crop(data, box, size, flip, out=out, name=name, max_pixels=self.max_pixels)
+        if jpeg.corrupt_warnings() > warnings:
+            warned.append(name)
         return index, None, box, flip
 
 
