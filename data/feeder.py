@@ -18,7 +18,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
@@ -59,7 +59,7 @@ class Feeder(Generic[T]):
         ]
         self.waited_s = 0.0
 
-    def __call__(self, items: Iterator[T]) -> Iterator[Batch]:
+    def __call__(self, items: Iterator[T]) -> Generator[Batch]:
         """The batches made from `items`, each a view of a buffer that stays valid until the next is asked for."""
         free: queue.Queue[Buffer | None] = queue.Queue()
         for buffer in self.buffers:

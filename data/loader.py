@@ -17,7 +17,7 @@ import os
 import signal
 import time
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, NamedTuple, TypeVar
@@ -270,6 +270,7 @@ class Loader:
         self.warned: set[str] = set()
         self._waited_s = 0.0
         self._feeder: Feeder[Encoded] | None = None
+        self._fed: Generator[Batch] | None = None  # the feeder's batches now being read, closed with the loader
         self._loader = DataLoader(
             dataset,
             batch_size=None,
@@ -297,7 +298,11 @@ class Loader:
         they must be stopped by their loader: left to garbage collection, a run that ends in an exception (a stop
         signal's included, whose traceback holds the loader) reaches multiprocessing's exit handler first, which
         terminates them with SIGTERM, which they ignore, and then waits for them for ever. torch has no public
-        call that ends a DataLoader's persistent workers, so this uses its iterator's own shutdown."""
+        call that ends a DataLoader's persistent workers, so this uses its iterator's own shutdown. The feeder's
+        thread, which reads from the workers, is stopped first."""
+        if self._fed is not None:
+            self._fed.close()
+            self._fed = None
         iterator, self._loader._iterator = self._loader._iterator, None
         if not isinstance(iterator, _MultiProcessingDataLoaderIter):  # no workers (data.workers=0), or not started
             return
@@ -336,7 +341,8 @@ class Loader:
     def __iter__(self) -> Iterator[Batch]:
         batches = iter(self._loader)  # here, in the caller's thread: the workers are forked now, not by the feeder
         if self.dataset.device_share is not None:
-            return self.feeder(self._read(batches))
+            self._fed = self.feeder(self._read(batches))
+            return self._fed
         if self.device is not None and self.device.type == "cuda":
             return sent_ahead(self._read(batches), self.device)
         return self._read(batches)

@@ -211,6 +211,16 @@ def test_a_resumed_epoch_gets_the_batches_the_whole_epoch_gave(tiny_tree: Path) 
         assert torch.equal(images, again) and torch.equal(labels, again_labels)
 
 
+def test_a_loader_closed_mid_epoch_stops_its_producer_thread_and_its_workers(tiny_tree: Path) -> None:
+    """As when a stop signal ends a run between two steps: train.py closes the loaders as the run ends."""
+    made = loader_for(tiny_tree, batch=2, workers=1, device=CPU, device_share=1.0)
+    with made:
+        batches = iter(made)
+        next(batches)
+    assert not any(thread.name == "feeder" for thread in threading.enumerate())
+    assert made._loader._iterator is None
+
+
 # The producer thread itself, with a stand-in for the decode whose batches say which item they were made from.
 
 
