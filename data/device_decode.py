@@ -93,13 +93,14 @@ def _chunks(boxes: Sequence[Box]) -> list[tuple[int, int]]:
 
 def _resized(images: Sequence[torch.Tensor], boxes: Sequence[Box], flips: Sequence[bool], size: int) -> torch.Tensor:
     device = images[0].device
+    tallest, widest = max(box[2] for box in boxes), max(box[3] for box in boxes)  # from the host: no device sync
     heights = torch.tensor([box[2] for box in boxes], device=device)
     widths = torch.tensor([box[3] for box in boxes], device=device)
-    padded = torch.zeros((len(images), 3, int(heights.max()), int(widths.max())), device=device)
+    padded = torch.zeros((len(images), 3, tallest, widest), device=device)
     for slot, (image, (top, left, height, width)) in enumerate(zip(images, boxes, strict=True)):
         padded[slot, :, :height, :width] = image[:, top : top + height, left : left + width]
-    rows = filter_weights(heights, size, padded.shape[2])
-    columns = filter_weights(widths, size, padded.shape[3])
+    rows = filter_weights(heights, size, tallest)
+    columns = filter_weights(widths, size, widest)
     flipped = torch.tensor(list(flips), device=device)[:, None, None]
     columns = torch.where(flipped, columns.flip(1), columns)
     resized = rows[:, None] @ padded @ columns[:, None].transpose(-1, -2)
