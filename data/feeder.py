@@ -26,7 +26,7 @@ import torch
 
 T = TypeVar("T")
 Batch = tuple[torch.Tensor, torch.Tensor]
-BUFFERS = 3  # batches in turn: the step's, the one being filled, and one ready ahead (DALI's prefetch queue: 2 to 5)
+BUFFERS = 3  # in turn: the step's, one ready ahead, one being filled (DALI prefetches 2 by default, NVIDIA's recipe 5)
 
 
 @dataclass
