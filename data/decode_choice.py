@@ -70,7 +70,7 @@ def choose(rates: Rates) -> Choice:
 def measure(dataset: BatchDataset, batch: int, workers: int, device: torch.device, seconds: float = 2.0) -> Rates:
     """Both decoders timed for about `seconds` each on the first SAMPLES files of `dataset` that the device's
     decoder takes, with the crops an epoch would draw for them."""
-    files = [dataset.read_with_crop(index, seed=0)[0] for index in range(min(SAMPLES, len(dataset)))]
+    files = [dataset.read(index) for index in range(min(SAMPLES, len(dataset)))]
     files = [data for data in files if jpeg.sequential_rgb(data)] or files
     size = dataset.crops.size
     cpu = fused_rate(files, dataset.crop, size, seconds)

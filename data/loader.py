@@ -141,11 +141,8 @@ class BatchDataset(Dataset[Decoded | Encoded]):
         file decoded despite libjpeg's warnings is noted in `warned`."""
 
         def decode(index: int) -> int:
-            warnings = jpeg.corrupt_warnings()
-            label = self.decode_into(out, index, seed)
-            if jpeg.corrupt_warnings() > warnings:
-                warned.append(self.split[index][0])
-            return label
+            self.decode_crop_into(out, index, *self.read_with_crop(index, seed), warned)
+            return self.split[index][1]
 
         return self._or_replacement(decode, index, seed, skipped)
 
@@ -162,17 +159,23 @@ class BatchDataset(Dataset[Decoded | Encoded]):
                 index = (index + 1 + (seed + tried) % max(len(self) - 1, 1)) % len(self)
         raise DatasetError(f"{REPLACEMENT_TRIES} unreadable files in a row, the last {skipped[-1][0]}")
 
-    def decode_into(self, out: np.ndarray, index: int, seed: int) -> int:
-        """Read sample `index`, draw its crop (from `seed` when training), decode it into `out`; its label."""
-        name, label = self.split[index]
-        data, box, flip = self.read_with_crop(index, seed)
-        size = (self.crops.size, self.crops.size)
+    def decode_crop_into(
+        self, out: np.ndarray, index: int, data: bytes, box: Box, flip: bool, warned: list[str]
+    ) -> None:
+        """Decode the crop `box` of sample `index` (its bytes `data`) into `out`, flipped if asked; its name goes
+        into `warned` where libjpeg warned of corrupt data it decoded anyway."""
+        name, size, warnings = self.split[index][0], (self.crops.size, self.crops.size), jpeg.corrupt_warnings()
         jpeg.decode_crop(data, box, size, flip, out=out, name=name, max_pixels=self.max_pixels)
-        return label
+        if jpeg.corrupt_warnings() > warnings:
+            warned.append(name)
+
+    def read(self, index: int) -> bytes:
+        """Sample `index`'s bytes, from memory where data.cache_bytes kept them."""
+        return self.cache[index] if self.cache is not None else self.split.read(index)
 
     def read_with_crop(self, index: int, seed: int) -> tuple[bytes, Box, bool]:
         """Sample `index`'s bytes, and the crop box and flip drawn from its header's size (and `seed`)."""
-        data = self.cache[index] if self.cache is not None else self.split.read(index)
+        data = self.read(index)
         return data, *self.crop(data, seed, name=self.split[index][0])
 
     def crop(self, data: bytes, seed: int, name: str | None = None) -> tuple[Box, bool]:
@@ -240,10 +243,7 @@ class BatchDataset(Dataset[Decoded | Encoded]):
         data, box, flip = self.read_with_crop(index, seed)
         if jpeg.sequential_rgb(data):
             return index, data, box, flip
-        name, size, warnings = self.split[index][0], (self.crops.size, self.crops.size), jpeg.corrupt_warnings()
-        jpeg.decode_crop(data, box, size, flip, out=out, name=name, max_pixels=self.max_pixels)
-        if jpeg.corrupt_warnings() > warnings:
-            warned.append(name)
+        self.decode_crop_into(out, index, data, box, flip, warned)
         return index, None, box, flip
 
 

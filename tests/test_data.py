@@ -245,10 +245,10 @@ def test_loader_workers_leave_stop_signals_to_the_training_process(tiny_tree):
 
 
 def test_a_dead_worker_is_an_error_not_a_hang(tiny_tree, monkeypatch):
-    def die(self, out, index, seed):
+    def die(*args):
         os._exit(3)
 
-    monkeypatch.setattr(BatchDataset, "decode_into", die)
+    monkeypatch.setattr(BatchDataset, "decode_crop_into", die)
     with pytest.raises(RuntimeError, match="worker"):
         list(loader_for(tiny_tree, workers=1))
 

@@ -22,7 +22,6 @@ import argparse
 import sys
 import threading
 import time
-from contextlib import nullcontext
 from pathlib import Path
 
 import numpy as np
@@ -104,7 +103,7 @@ class Decoding(threading.Thread):
     def run(self) -> None:
         stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
         try:
-            with torch.cuda.stream(stream) if stream is not None else nullcontext():
+            with torch.cuda.stream(stream):  # None (the rehearsal's CPU): no stream to enter
                 while not self.stopping.is_set():
                     for batch in self.work:
                         on_device(batch, self.size, self.device)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import time
 import traceback
 from collections.abc import Callable
@@ -18,6 +17,7 @@ from omegaconf import OmegaConf
 
 from bench.folders import claim, is_ours, refuse
 from configs.schema import Config, register, validate
+from data.loader import workers_for_cores
 
 Figures = dict[str, object]
 
@@ -35,8 +35,7 @@ class Sizes:
     batches: tuple[int, ...] = ()  # the best step's larger batches, in the order measured
 
 
-# data.workers=null's count on one rank (data.loader.workers_for_cores): every core this process may use but one
-ALL_WORKERS = max(1, min(len(os.sched_getaffinity(0)), os.cpu_count() or 1) - 1)
+ALL_WORKERS = max(1, workers_for_cores(local_ranks=1))  # data.workers=null's count on one rank (at least one)
 FULL = Sizes(
     batch=256,
     image=224,

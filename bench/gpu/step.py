@@ -214,14 +214,9 @@ def variant_rows(overrides: list[str], sizes: stage.Sizes) -> dict[str, tuple[li
     "best-pad"), then at the other larger batches."""
     pads = "device.pad_input_channels=true" in overrides
     unpadded = [o for o in overrides if not o.startswith("device.pad_input_channels=")]
-    larger = {f"best@{batch}": (overrides, dataclasses.replace(sizes, batch=batch)) for batch in sizes.batches}
-    table = {"best": (overrides, sizes)}
-    table |= dict(list(larger.items())[:1])
-    table["best-pad" if pads else "best+pad"] = (
-        [*unpadded, f"device.pad_input_channels={str(not pads).lower()}"],
-        sizes,
-    )
-    return table | larger
+    padded = ([*unpadded, f"device.pad_input_channels={str(not pads).lower()}"], sizes)
+    larger = [(f"best@{batch}", (overrides, dataclasses.replace(sizes, batch=batch))) for batch in sizes.batches]
+    return dict([("best", (overrides, sizes)), *larger[:1], ("best-pad" if pads else "best+pad", padded), *larger[1:]])
 
 
 def run_variants(args: argparse.Namespace, sizes: stage.Sizes) -> stage.Figures:
