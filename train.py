@@ -13,7 +13,8 @@
 
 Everything the run writes goes to its Hydra output directory (rundir names each file): config.yaml (resolved),
 mlperf.log, metrics.csv, metrics.png, checkpoint.pt, and resume.sh after a stop. With several ranks, rank 0 picks the
-directory and writes alone. SIGTERM, SIGINT and SIGUSR1 stop the run at the next step boundary (distributed.stop).
+directory and writes alone. SIGTERM, SIGINT and SIGUSR1 stop the run: at once before its loop starts, at the next
+step boundary in it (stopsignals, distributed.stop).
 backends.build.from_config builds what trains (model, optimizer, precision policy, on its device), data.build the
 loaders, checkpoint/ saves and restores a run; run.mode=benchmark and run.mode=project are benchmark.py and
 projection/mode.py.
@@ -21,11 +22,17 @@ projection/mode.py.
 
 from __future__ import annotations
 
+import stopsignals
+
+stopsignals.catch()  # first: a stop signal during the seconds the imports below take ends the run with its status
+
 import contextlib
 import gc
 import math
 import os
 import sys
+import traceback
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
@@ -52,10 +59,10 @@ from configs.schema import Config, register, training_fingerprint, validate
 from data.build import decode_where_fastest, loader_workers, make_loader, open_splits
 from data.datasets import describe_dataset
 from data.loader import Loader
-from data.split import DatasetError
+from data.split import DatasetError, Split
 from data.synthetic import CACHE_ENV
 from distributed import LaunchError, PeerLost, Topology
-from distributed.stop import StopRequested, catch_stop_signals
+from distributed.stop import Resume, agreed_stop
 from mlperf_logs.hyperparameters import Hyperparameters, Submission, log_hyperparameters, log_submission
 from mlperf_logs.logger import MLPerfLogger, constants
 from monitor.metrics import EpochMetrics, EpochTimer, MetricsCSV, plot
@@ -63,9 +70,12 @@ from monitor.progress import Progress, Simulated, epoch_line, job_log, print_sum
 from optim.precision import NonFiniteLoss, Policy
 from optim.schedule import Schedule
 from projection.mode import listed_cuts, project
+from rundir import StorageError
+from stopsignals import StopRequested
 
 USER_ERRORS = (ConfigError, DatasetError, CheckpointError, LaunchError, HydraException, OmegaConfBaseException)
 NOT_CONVERGED = 3  # the exit status of a run that ended short of the target (run.allow_not_converged=true: 0)
+STORAGE_FAILED = 5  # a write of the run directory failed (no space, quota, read-only): its last checkpoint resumes it
 NO_TRIAL_COMPLETED = "No trials are completed yet."  # optuna's study.best_trial, when every trial failed
 
 register()
@@ -85,6 +95,10 @@ def main(raw: DictConfig) -> float | None:
         if distributed.from_environment().is_main:
             print(f"not converged: {err}", file=sys.stderr)
         sys.exit(NOT_CONVERGED)
+    except StorageError:  # rank 0 said which write failed and how the run goes on
+        if HydraConfig.get().mode == RunMode.MULTIRUN:
+            raise
+        sys.exit(STORAGE_FAILED)
     except PeerLost as err:  # the log ended; rank 0 said how to resume
         if HydraConfig.get().mode == RunMode.MULTIRUN:
             raise  # the SLURM launcher requeues the job (hydra_plugins/rn50perf_slurm.py)
@@ -109,6 +123,17 @@ def forget_refused_run(directory: Path) -> None:
             folder.rmdir()
 
 
+def hydras_failed_write(err: BaseException) -> OSError | None:
+    """The OSError of Hydra's making or writing of the run directory as a job starts (its folder, .hydra/, the
+    train.log its logging opens: logging.config wraps that one in a ValueError), which comes before the run does;
+    None for any other error."""
+    failed = err if isinstance(err, OSError) else err.__cause__
+    if not isinstance(failed, OSError) or not failed.filename:
+        return None
+    raised_in_run = any(frame.f_code is run.__code__ for frame, _ in traceback.walk_tb(err.__traceback__))
+    return None if raised_in_run else failed
+
+
 def exit_in_one_line(err: BaseException) -> NoReturn:
     """A mistake of the user's: one line that names it and says what to do, and exit status 2."""
     print(f"error: {describe(err)}", file=sys.stderr)
@@ -130,7 +155,6 @@ def run(raw: DictConfig) -> float | None:
             out_dir = Path(HydraConfig.get().runtime.output_dir) if topology.is_main else None
             project(cfg, out_dir, HydraConfig.get().overrides.task, HydraConfig.get().runtime.choices["experiment"])
         else:
-            catch_stop_signals()  # SIGTERM, SIGINT, SIGUSR1: checkpoint and end the log at the next step boundary
             out_dir = distributed.agree_on_output_dir(Path(HydraConfig.get().runtime.output_dir))
             with job_log():  # train.log holds what the terminal shows
                 status, minutes = train(cfg, out_dir, topology, resolved=OmegaConf.to_yaml(raw, resolve=True))
@@ -204,13 +228,49 @@ def train(cfg: Config, out_dir: Path, topology: Topology, resolved: str) -> tupl
 
     # Data: the index of both splits (the synthetic set is generated here on first use), then the loaders; a set
     # the run cannot use is refused here, before the run has a log or a config.yaml (and so no folder).
-    train_split, val_split = open_splits(cfg.data, topology)
-    train_loader = make_loader(cfg.data, train_split, facts, seed=cfg.run.seed, train=True)
-    val_loader = make_loader(cfg.data, val_split, facts, seed=cfg.run.seed, train=False)
+    splits = open_splits(cfg.data, topology)
+    train_loader = make_loader(cfg.data, splits[0], facts, seed=cfg.run.seed, train=True)
+    val_loader = make_loader(cfg.data, splits[1], facts, seed=cfg.run.seed, train=False)
+    with train_loader, val_loader:  # the workers end with the run, however it ends (Loader.close says why)
+        with forgotten_unless_started(
+            out_dir, cfg.mlperf.log_file, topology.is_main
+        ):  # a stop or a refusal here: the same command again
+            run = initialise(cfg, out_dir, facts, splits, (train_loader, val_loader), resolved, checkpoint is None)
+        with stopsignals.running():  # from here a stop signal waits for the next step boundary
+            if checkpoint is None:
+                run.log.start(constants.RUN_START)
+                run.loop.run_start = run.log.clock()
+            else:
+                resume(run, checkpoint)
+            try:
+                status, accuracy = train_to_target(run)
+            except (
+                BaseException
+            ) as err:  # a bad file under data.corrupt=fail, a lost rank, a stop: the log ends the run
+                lost = distributed.as_lost_peer(err)  # a collective that failed, as the rank it lost
+                end_stopped(run, lost or err)
+                if lost is not None and lost is not err:
+                    raise lost from err
+                raise
+    return finish(run, status, accuracy)
+
+
+def initialise(
+    cfg: Config,
+    out_dir: Path,
+    facts: RunFacts,
+    splits: tuple[Split, Split],
+    loaders: tuple[Loader, Loader],
+    resolved: str,
+    fresh: bool,
+) -> Run:
+    """MLPerf's init phase: the log's first lines (a `fresh` run's), the model, optimizer and precision policy on
+    the device, compiled and captured, and the schedule; every rank waits for the others at its end."""
+    topology, (train_split, val_split), (train_loader, val_loader) = facts.topology, splits, loaders
     log = MLPerfLogger(out_dir / cfg.mlperf.log_file if topology.is_main else None)
     if topology.is_main:
         (out_dir / rundir.CONFIG).write_text(resolved)
-    if checkpoint is None:
+    if fresh:
         log.event(constants.CACHE_CLEAR, True)
         log.start(constants.INIT_START)
         platform = submission_platform(cfg, facts.policy)
@@ -219,7 +279,7 @@ def train(cfg: Config, out_dir: Path, topology: Topology, resolved: str) -> tupl
     if topology.is_main:
         say(describe_dataset(train_split, val_split))
         announce(cfg, facts)
-    chosen = decode_where_fastest(cfg.data, (train_loader, val_loader), facts)  # data.decode=auto, timed here
+    chosen = decode_where_fastest(cfg.data, loaders, facts)  # data.decode=auto, timed here
     if chosen and topology.is_main:
         say(chosen)
 
@@ -228,6 +288,8 @@ def train(cfg: Config, out_dir: Path, topology: Topology, resolved: str) -> tupl
     backend = build.from_config(cfg, facts, classes)
     if cfg.device.compile or cfg.device.cuda_graphs:  # compiled and captured in MLPerf's init phase, not timed steps
         backend.compile_ahead(facts.shape.per_rank, val_loader.batch_sizes(), cfg.data.image_size, classes)
+    if topology.is_main:
+        refuse_a_directory_too_small(out_dir, backend, topology.world_size)
     if cfg.mlperf.clock == "device":
         log.clock = backend.now  # from here on the log, and the time-to-train, are in the simulated IPUs' time
     steps_per_epoch = len(train_loader)
@@ -238,26 +300,54 @@ def train(cfg: Config, out_dir: Path, topology: Topology, resolved: str) -> tupl
     run = Run(
         cfg, out_dir, topology, log, metrics, backend, train_loader, val_loader, schedule, steps_per_epoch, simulated
     )
-    if checkpoint is None:
+    if fresh:
         hp = Hyperparameters.of_run(cfg.optim, facts.shape, schedule.decay_steps, len(train_split), len(val_split))
         log_hyperparameters(log, hp)
         log.end(constants.INIT_STOP)
-        distributed.barrier()  # every rank is ready when the clock starts
-        log.start(constants.RUN_START)
-        run.loop.run_start = log.clock()
-    else:
-        resume(run, checkpoint)
+    distributed.barrier()  # every rank is ready when the clock starts
+    return run
 
-    with train_loader, val_loader:  # the workers end with the run, however it ends (Loader.close says why)
-        try:
-            status, accuracy = train_to_target(run)
-        except BaseException as err:  # a bad file under data.corrupt=fail, a lost rank, a stop: the log ends the run
-            lost = distributed.as_lost_peer(err)  # a collective that failed, as the rank it lost
-            end_stopped(run, lost or err)
-            if lost is not None and lost is not err:
-                raise lost from err
-            raise
-    return finish(run, status, accuracy)
+
+def refuse_a_directory_too_small(out_dir: Path, backend: Backend, world_size: int) -> None:
+    """A run directory without room for a checkpoint and the copy written beside it is refused before the run
+    starts: the run would fail at its first or second checkpoint."""
+    state = {"backend": backend.state_dict(), "ranks": [backend.rank_state_dict()] * world_size}
+    needed = checkpoint.room_needed(state, out_dir / rundir.CHECKPOINT) + 2 * backend.state_to_come()
+    if (free := rundir.free_bytes(out_dir)) < needed:
+        raise ConfigError(
+            "hydra.run.dir",
+            f"{out_dir} has {free // rundir.MB} MB free on {rundir.filesystem(out_dir)}; the run needs "
+            f"{math.ceil(needed / rundir.MB)} MB there, for a checkpoint and the copy written beside it: free space "
+            "or give another hydra.run.dir",
+        )
+
+
+@contextlib.contextmanager
+def forgotten_unless_started(out_dir: Path, log_file: str, is_main: bool) -> Iterator[None]:
+    """A run that ends before its clock starts (a stop signal, a refusal, a failure of its init phase) takes away
+    the files it wrote in the run directory (its log's first lines, config.yaml, metrics.csv), so that the same
+    command, or the requeued job, starts it again. A run directory it cannot write refuses the run (exit status 2)."""
+    before = {path.name for path in out_dir.iterdir()} if is_main else set()
+    try:
+        yield
+    except BaseException as err:
+        if is_main:
+            remove_written_since(out_dir, before, log_file)
+        if isinstance(err, StopRequested) and is_main:
+            say(f"{err} before the run started: nothing to resume; the same command starts it again", error=True)
+        if isinstance(err, StorageError):
+            raise ConfigError("hydra.run.dir", str(err)) from err
+        raise
+
+
+def remove_written_since(out_dir: Path, before: set[str], log_file: str) -> None:
+    """The files a run writes that `out_dir` did not hold (`before`): what was there stays (a stopped run's
+    checkpoint and logs, the user's files), and so do Hydra's record of the job and train.log, which say what
+    happened."""
+    for path in out_dir.iterdir():
+        new = path.name not in before and path.name not in (rundir.HYDRA, rundir.JOB_LOG)
+        if new and path.is_file() and rundir.written_by_run(path.name, log_file):
+            path.unlink()
 
 
 def simulated_clock(backend: Backend, logged: bool) -> Simulated | None:
@@ -298,16 +388,18 @@ def resume(run: Run, checkpoint: dict[str, Any]) -> None:
 
 
 def end_stopped(run: Run, err: BaseException) -> None:
-    """The log of a run that did not end on its own ends aborted; a stopped one, or one that lost a rank after its
-    first checkpoint, says how to resume it."""
-    run.log.end(constants.RUN_STOP, metadata={constants.STATUS: constants.ABORTED})
-    run.log.close()
-    if run.topology.is_main:
+    """The log of a run that did not end on its own ends aborted, where it can still be written; a stopped one, or
+    one that lost a rank or a write of its directory after its first checkpoint, says how to resume it."""
+    log_ended = end_log_aborted(run.log)
+    if run.topology.is_main and not isinstance(err, StorageError):  # nothing more on a filesystem that failed
         plot_so_far(run)  # a stopped or failed run's epochs so far
     if isinstance(err, StopRequested):
         if run.topology.is_main:
             say_how_to_resume(f"{err} at {where(run)}: checkpoint written, log ended (run_stop aborted)", run)
         distributed.barrier()  # rank 0's checkpoint and log are whole before any rank exits
+    elif isinstance(err, StorageError) and run.topology.is_main:
+        unended = "" if log_ended else "; the log could not take its run_stop"
+        say(f"error: {err}{unended}; {how_to_go_on_after_storage(run)}", error=True)
     elif isinstance(err, PeerLost) and run.topology.is_main:
         lost = f"a rank was lost at {where(run)}: log ended (run_stop aborted)"
         if run.saved_step is None:
@@ -317,6 +409,32 @@ def end_stopped(run: Run, err: BaseException) -> None:
             say_how_to_resume(f"{lost}; its checkpoint is at step {run.saved_step} ({again} steps to take again)", run)
 
 
+def end_log_aborted(log: MLPerfLogger) -> bool:
+    """run_stop aborted, and the log closed; False where its filesystem could not take the line (the log then
+    ends with its last whole line)."""
+    try:
+        log.end(constants.RUN_STOP, metadata={constants.STATUS: constants.ABORTED})
+    except StorageError:
+        return False
+    finally:
+        log.close()
+    return True
+
+
+def how_to_go_on_after_storage(run: Run) -> str:
+    """What a run whose directory's filesystem failed a write leaves to resume, and how: resume.sh where the
+    filesystem still takes it, else the command itself."""
+    if run.saved_step is None:
+        return "no checkpoint yet: free space and start the run again with a new hydra.run.dir"
+    what = f"{rundir.CHECKPOINT} (step {run.saved_step}) is intact and resumes the run"
+    resume = resume_of(run)
+    try:
+        script = resume.write_script(run.out_dir, what)
+    except StorageError:
+        return f"{what}: free space and run {resume.line()}"
+    return f"{what}: free space and run {script}"
+
+
 def where(run: Run) -> str:
     loop = run.loop
     return f"step {loop.step} (epoch {loop.epoch}, {loop.batch} of its {run.steps_per_epoch} steps done)"
@@ -324,19 +442,29 @@ def where(run: Run) -> str:
 
 def say_how_to_resume(what: str, run: Run) -> None:
     """Say `what` ended the run, and write resume.sh: the run's launcher and overrides, in its directory."""
-    overrides = HydraConfig.get().overrides.task
-    distributed.stop.tell_how_to_resume(what, run.topology, overrides, run.out_dir, [CACHE_ENV])
+    distributed.stop.tell_how_to_resume(what, resume_of(run), run.out_dir)
+
+
+def resume_of(run: Run) -> Resume:
+    """The command that continues `run` from its checkpoint."""
+    return Resume.of(run.topology, HydraConfig.get().overrides.task, run.out_dir, [CACHE_ENV])
 
 
 def finish(run: Run, status: str, accuracy: float | None) -> tuple[str, float]:
     """run_stop, the plot and the final weights; nothing is left to resume. Returns the status and minutes."""
-    run.log.end(constants.RUN_STOP, metadata={constants.STATUS: status})
-    minutes = (run.log.clock() - run.loop.run_start) / 60
-    run.log.close()
-    run.metrics.close()
+    try:
+        run.log.end(constants.RUN_STOP, metadata={constants.STATUS: status})
+        minutes = (run.log.clock() - run.loop.run_start) / 60
+        run.log.close()
+        run.metrics.close()
+        if run.topology.is_main:
+            plot_so_far(run)
+            checkpoint.save_atomically(run.out_dir / rundir.FINAL_WEIGHTS, run.backend.state_dict()["model"])
+    except StorageError as err:  # the last checkpoint trains the last steps again, to the same end
+        if run.topology.is_main:
+            say(f"error: {err}; {how_to_go_on_after_storage(run)}", error=True)
+        raise
     if run.topology.is_main:
-        plot_so_far(run)
-        checkpoint.save_atomically(run.out_dir / rundir.FINAL_WEIGHTS, run.backend.state_dict()["model"])
         for name in (rundir.CHECKPOINT, rundir.RESUME_SCRIPT):
             (run.out_dir / name).unlink(missing_ok=True)
         skipped = {**run.train_loader.skipped, **run.val_loader.skipped}
@@ -443,7 +571,7 @@ def train_epoch(run: Run, progress: Progress) -> tuple[float, float]:
 def stop_if_requested(run: Run) -> None:
     """At a step boundary, on every rank: once any rank has received a stop signal, checkpoint where the run
     stands and raise StopRequested."""
-    stop = StopRequested.agreed()
+    stop = agreed_stop()
     if stop is not None:
         save(run)
         raise stop
@@ -480,10 +608,10 @@ if __name__ == "__main__":
         main()
     except USER_ERRORS as err:  # a mistake in the overrides, found before the run started
         exit_in_one_line(err)
-    except StopRequested as stop:  # the run was checkpointed and its log ended; resume.sh says how to go on
-        sys.exit(stop.exit_status)
-    except ValueError as err:  # optuna's answer when a sweep has no best trial; anything else is a bug
-        if str(err) != NO_TRIAL_COMPLETED:
+    except (OSError, ValueError) as err:  # Hydra could not write the run directory, or a sweep has no best trial
+        if unwritable := hydras_failed_write(err):
+            exit_in_one_line(ConfigError("hydra.run.dir", str(StorageError.of(Path(unwritable.filename), unwritable))))
+        if str(err) != NO_TRIAL_COMPLETED:  # optuna's answer when a sweep has no best trial; anything else is a bug
             raise
         print("error: no trial of the sweep reached the target, so there is no best one", file=sys.stderr)
         sys.exit(1)

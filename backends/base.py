@@ -79,6 +79,11 @@ class Backend(Protocol):
 
     def state_dict(self) -> dict[str, Any]: ...
 
+    def state_to_come(self) -> int:
+        """The bytes `state_dict` grows by at the first step (an optimizer's momentum buffers, made then): a
+        checkpoint's size is known before the run starts."""
+        ...
+
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
 
     def rank_state_dict(self) -> dict[str, Any]:

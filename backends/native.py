@@ -279,6 +279,15 @@ class NativeBackend:
             "precision": self.precision.state_dict(),
         }
 
+    def state_to_come(self) -> int:
+        """SGD's and LARS's momentum buffers, one shaped as each parameter of a group with momentum (optim/sgd.py,
+        optim/lars.py and torch.optim.SGD make them at the first step)."""
+        groups = self.optimizer.param_groups
+        made = self.optimizer.state
+        return sum(
+            p.nbytes for g in groups if g.get("momentum") for p in g["params"] if "momentum_buffer" not in made[p]
+        )
+
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.model.load_state_dict(state["model"])
         self.load_optimizer_state(state["optimizer"])

@@ -13,14 +13,23 @@ configs/hydra/launcher/slurm.yaml names `SlurmLauncher`. What it adds to the sto
   its checkpoint. A run that SIGUSR1 stopped (SLURM's warning before the time limit, `--signal=USR1@N`) requeues
   its own job, as submitit's checkpointing would; so does one that lost a rank (a node, a link, a frozen task), up to
   MAX_REQUEUES times; after a SIGTERM the job follows SLURM's decision (requeued, preempted or cancelled).
+- A job's process notes the stop signals from the moment it loads this module (stopsignals), before torch's
+  seconds of imports, and raises one it noted as the task starts: SLURM may send its warning up to a minute early,
+  and a job warned while it starts requeues itself too.
 """
 
 from __future__ import annotations
 
+import os
+
+import stopsignals
+
+if "SUBMITIT_FOLDER" in os.environ:  # a job's process (submitit's process_job sets it before it loads the task)
+    stopsignals.catch(at_once=False)  # noted until the task starts (SlurmLauncher.__call__)
+
 import contextlib
 import importlib.util
 import io
-import os
 import shlex
 import shutil
 import signal
@@ -37,8 +46,8 @@ from hydra_plugins.hydra_submitit_launcher.submitit_launcher import SlurmLaunche
 from omegaconf import DictConfig
 
 from distributed.group import PeerLost
-from distributed.stop import StopRequested
 from distributed.topology import QUIET_HYDRA, LaunchError, from_environment
+from stopsignals import StopRequested
 
 REPO = Path(__file__).resolve().parent.parent  # this file is in its hydra_plugins/, where Hydra looks for launchers
 RESUME = "run.resume=auto"
@@ -125,8 +134,9 @@ class SlurmLauncher(SubmititSlurmLauncher):
         is_main = from_environment().is_main
         overrides = [*sweep_overrides, RESUME, *([] if is_main else QUIET_HYDRA)]
         try:
+            stopsignals.catch()  # in place of submitit's handlers (which drop SIGTERM); one noted so far raises here
             result = super().__call__(overrides, job_dir_key, job_num, job_id, singleton_state)
-        except StopRequested as stop:  # checkpointed, log ended: the run goes on in the requeued job
+        except StopRequested as stop:  # checkpointed and its log ended, or not started: the requeued job goes on
             if stop.signum == signal.SIGUSR1 and is_main:
                 requeue_this_job()
             raise SystemExit(stop.exit_status) from None
