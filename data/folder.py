@@ -6,7 +6,9 @@ arrays hold no per-file objects: reading them writes nothing, so the workers sha
 
 The index is built once with os.scandir (on a network filesystem by a pool of threads, which overlaps the
 server's latency) and saved as <cache>/index/<split>-<hash of its resolved path>.npys: its arrays (format,
-stamps, classes, names, offsets, labels) written one after another by np.save, read back in order by np.load.
+stamps, classes, names, offsets, labels, sizes) written one after another by np.save, read back in order by np.load.
+Each file's size, from the one stat the scan makes of it, lets a read tell a file truncated or replaced since the
+index was built from its own bytes, without another system call.
 Later starts reuse it while the split's folder, its class folders, the label files and the dataset's root keep
 their inode, mtime and size (adding or removing a file changes its folder's mtime). An index is not saved while
 the tree is still changing (mtimes within RACY_NS of the scan): a second change in the same mtime tick would go
@@ -26,17 +28,17 @@ from pathlib import Path
 
 import numpy as np
 
-from data.split import DatasetError
+from data.split import DatasetError, UnreadableSample
 from data.staging import atomic_file
 from data.synthetic import cache_root
 
 log = logging.getLogger(__name__)
 
 IMAGE_SUFFIXES = (".jpeg", ".jpg", ".png")
-INDEX_FORMAT = 1  # bump when the saved arrays change, so older indexes are rebuilt
+INDEX_FORMAT = 2  # bump when the saved arrays change, so older indexes are rebuilt (2: each file's size)
 RACY_NS = 2_000_000_000  # mtimes closer than this to the scan may hide a change (FAT's resolution is 2 s)
 SCAN_THREADS = 16  # class folders listed at once on a network filesystem
-Arrays = tuple[np.ndarray, np.ndarray, np.ndarray]  # a FolderSplit's names, offsets and labels
+Arrays = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]  # a FolderSplit's names, offsets, labels, sizes
 NETWORK_FILESYSTEMS = ("nfs", "nfs4", "lustre", "gpfs", "beegfs", "ceph", "cifs", "smb3", "glusterfs", "9p", "fuse")
 
 
@@ -48,6 +50,7 @@ class FolderSplit:
     names: np.ndarray  # uint8: each file's path relative to `directory`, one after another
     offsets: np.ndarray  # int64, one more than the files: file i's name is names[offsets[i]:offsets[i + 1]]
     labels: np.ndarray  # int16: each file's position in `classes`
+    sizes: np.ndarray  # int64: each file's size in bytes when indexed (-1: it could not be stat'ed)
     classes: tuple[str, ...]
     origin: str = ""  # where it was found, for the run's start-up line: "Kaggle layout at ROOT"
 
@@ -60,8 +63,28 @@ class FolderSplit:
         return f"{self.directory}/{os.fsdecode(name)}", int(self.labels[index])
 
     def read(self, index: int) -> bytes:
-        with open(self[index][0], "rb") as file:
-            return file.read()
+        """File `index`'s bytes. One removed, unreadable, or of another size than the index recorded is an
+        UnreadableSample that names it and says which."""
+        path, indexed = self[index][0], int(self.sizes[index])
+        try:
+            with open(path, "rb") as file:
+                data = file.read()
+        except FileNotFoundError:
+            gone = "removed since the index was built" if indexed >= 0 else "missing"
+            raise UnreadableSample(f"{path}: {gone}") from None
+        except OSError as err:
+            raise UnreadableSample(f"{path}: {err.strerror or err}") from None
+        if indexed >= 0 and len(data) != indexed:
+            raise UnreadableSample(f"{path}: {size_change(len(data), indexed)}")
+        return data
+
+
+def size_change(size: int, indexed: int) -> str:
+    """Why a file of `size` bytes, indexed at `indexed`, is refused. A smaller file is most often one cut short (a
+    copy interrupted, a full disk), but a replacement by a smaller file reads the same."""
+    if size < indexed:
+        return f"truncated or replaced since the index was built ({size} of {indexed} bytes)"
+    return f"replaced since the index was built ({size} bytes, indexed {indexed})"
 
 
 @dataclass(frozen=True)
@@ -164,9 +187,19 @@ def filesystem_type(path: Path) -> str:
     return max(above, key=lambda mount: len(mount[0]), default=("", ""))[1]
 
 
-def _image_names(directory: Path) -> list[str]:
+def _image_names(directory: Path) -> list[tuple[str, int]]:
+    """The names of the images in `directory`, sorted, each with the image's size."""
     with os.scandir(directory) as entries:
-        return sorted(entry.name for entry in entries if is_image(entry.name))
+        return sorted((entry.name, _size(entry)) for entry in entries if is_image(entry.name))
+
+
+def _size(entry: os.DirEntry[str]) -> int:
+    """The size of the file `entry` names (a link's target's), or -1 where it cannot be stat'ed (a broken link, a
+    file removed since it was listed): its read will say why."""
+    try:
+        return entry.stat().st_size
+    except OSError:
+        return -1
 
 
 def _scan_folders(directory: Path, folders: tuple[str, ...], classes: tuple[str, ...]) -> Arrays:
@@ -175,36 +208,45 @@ def _scan_folders(directory: Path, folders: tuple[str, ...], classes: tuple[str,
     for folder in folders:
         if folder not in label_of:
             raise DatasetError(f"{directory / folder} is a class that the training split does not have")
-    names, lengths = bytearray(), []
+    names, lengths, sizes = bytearray(), [], []
     with ThreadPoolExecutor(scan_threads(directory)) as pool:
         # Each folder's names join the buffer as soon as they come: no pile of pieces to free (and fragment) later.
-        for packed, packed_lengths in pool.map(lambda folder: _pack(directory / folder, f"{folder}/"), folders):
+        for packed, packed_lengths, packed_sizes in pool.map(
+            lambda folder: _pack(directory / folder, f"{folder}/"), folders
+        ):
             names += packed
             lengths.append(packed_lengths)
+            sizes.append(packed_sizes)
     counts = [len(folder_lengths) for folder_lengths in lengths]
     labels = np.repeat(np.array([label_of[folder] for folder in folders], np.int16), counts)
-    return *_arrays(directory, names, lengths), labels
+    return *_arrays(directory, names, lengths), labels, np.concatenate(sizes)
 
 
 def _scan_flat(directory: Path, labels: FlatLabels, classes: tuple[str, ...]) -> Arrays:
     """names, offsets and labels of the images in `directory` itself, classed by `labels`."""
     label_of = {wnid: label for label, wnid in enumerate(classes)}
     wnid_of = labels.wnids()
-    names = _image_names(directory)
-    image_labels = np.empty(len(names), np.int16)
-    for i, name in enumerate(names):
+    images = _image_names(directory)
+    image_labels = np.empty(len(images), np.int16)
+    for i, (name, _) in enumerate(images):
         wnid = wnid_of.get(os.path.splitext(name)[0])
         if wnid is None:
             raise DatasetError(f"{directory / name} has no class in {labels.files[0]}")
         if wnid not in label_of:
             raise DatasetError(f"{directory / name} is of class {wnid}, which the training split does not have")
         image_labels[i] = label_of[wnid]
-    packed, lengths = _encode(names)
-    return *_arrays(directory, packed, [lengths]), image_labels
+    packed, lengths = _encode([name for name, _ in images])
+    return *_arrays(directory, packed, [lengths]), image_labels, _sizes(images)
 
 
-def _pack(folder: Path, prefix: str) -> tuple[bytes, np.ndarray]:
-    return _encode([prefix + name for name in _image_names(folder)])
+def _pack(folder: Path, prefix: str) -> tuple[bytes, np.ndarray, np.ndarray]:
+    """The images of `folder`: their names under `prefix` packed by _encode, and their sizes."""
+    images = _image_names(folder)
+    return *_encode([prefix + name for name, _ in images]), _sizes(images)
+
+
+def _sizes(images: list[tuple[str, int]]) -> np.ndarray:
+    return np.fromiter((size for _, size in images), np.int64, len(images))
 
 
 def _encode(names: list[str]) -> tuple[bytes, np.ndarray]:
@@ -239,14 +281,14 @@ def _index_name(directory: Path) -> str:
 
 
 def _load(path: Path, stamps: np.ndarray, classes: tuple[str, ...]) -> Arrays | None:
-    """The saved names, offsets and labels, if `path` was made from folders with these stamps and classes."""
+    """The saved names, offsets, labels and sizes, if `path` was made from folders with these stamps and classes."""
     try:
         with open(path, "rb") as file:
             version, saved_stamps, saved_classes = (np.load(file) for _ in range(3))  # in the order _save wrote
             if version != INDEX_FORMAT or not np.array_equal(saved_stamps, stamps) or tuple(saved_classes) != classes:
                 return None
-            names, offsets, labels = (np.load(file) for _ in range(3))
-            return names, offsets, labels
+            names, offsets, labels, sizes = (np.load(file) for _ in range(4))
+            return names, offsets, labels, sizes
     except (OSError, EOFError, ValueError):
         return None
 
