@@ -29,6 +29,7 @@ from tqdm import tqdm
 
 from data.devkit import val_wnids
 from data.shard_format import (
+    BLOCK,
     DEFAULT_SHARD_SIZE,
     FORMAT,
     MANIFEST,
@@ -46,7 +47,6 @@ from data.shard_format import (
 from data.split import DatasetError, Split
 from data.staging import atomic_file, build_atomically
 
-BLOCK = 512  # a tar header's size, and the unit a member's data is padded to
 END_OF_ARCHIVE = bytes(2 * BLOCK)
 MAX_STEM = 80  # keys stay well inside ustar's 100-byte member names
 TRAIN_ARCHIVE = "ILSVRC2012_img_train.tar"
@@ -336,7 +336,7 @@ def _archive_split(archive: Path, images: list[tuple[str, int, int, str]], class
         "size": np.array(sizes, dtype=np.uint64),
         "label": np.array([label_of[wnid] for wnid in wnids], dtype=np.int32),
     }
-    return ShardSplit([archive], index, classes)
+    return ShardSplit([archive], index, classes, check_headers=False)
 
 
 def ensure_shards(

@@ -13,6 +13,10 @@ A shard directory holds:
     manifest.json                             written last: the classes (wnids in label order) and, per split,
                                               its count and per shard its name, count, bytes and sha256
 
+Each member is read together with the tar header before it, which must name it and its size: a shard truncated,
+removed or overwritten during a run makes its members unreadable samples (data.corrupt), each named by shard and
+member, instead of feeding another member's bytes or a shard's padding under this sample's label.
+
 Each epoch is still a full pass over the whole training set in a fresh random order, as MLPerf requires: the
 sampler permutes sample indices across all shards (a shard-level shuffle would not be a full permutation).
 
@@ -33,7 +37,7 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
-from data.split import DatasetError
+from data.split import DatasetError, UnreadableSample
 
 FORMAT = "rn50perf-shards"
 VERSION = 1
@@ -43,6 +47,8 @@ SPLITS = ("train", "val")
 SAVED_FIELDS = ("member", "offset", "size", "label")  # per sample, in an index file
 INDEX_FIELDS = ("shard", *SAVED_FIELDS)  # and the shard, which follows from the manifest's counts per shard
 DEFAULT_SHARD_SIZE = 10**9
+BLOCK = 512  # a tar header's size, and the unit a member's data is padded to
+NAME_FIELD, SIZE_FIELD = slice(0, 100), slice(124, 136)  # in a ustar header: NUL-padded, octal ASCII
 
 
 def shard_name(split: str, number: int) -> str:
@@ -58,12 +64,22 @@ class ShardSplit:
 
     `split[i] -> ("train-000003.tar:n01440764_10026.jpg", label)`. The index is five numpy arrays (no Python
     object per sample), so forked loader workers share its pages instead of copying them. Each process opens
-    each tar once, on its first read, and keeps it open.
+    each tar once, on its first read, and keeps it open. `check_headers`: each read checks that the member's tar
+    header names it (the shards of data.pack; not image-net.org's archives, read in place to pack them, whose
+    train images are named in their class tar's headers without the class tar's name that the index gives them).
     """
 
-    def __init__(self, files: Sequence[Path], index: Mapping[str, np.ndarray], classes: Sequence[str]) -> None:
+    def __init__(
+        self,
+        files: Sequence[Path],
+        index: Mapping[str, np.ndarray],
+        classes: Sequence[str],
+        *,
+        check_headers: bool = True,
+    ) -> None:
         self.files = tuple(files)
         self.classes = tuple(classes)
+        self.check_headers = check_headers
         self.shard, self.member, self.offset, self.size, self.label = (index[field] for field in INDEX_FIELDS)
         self._pid = os.getpid()
         self._fds: dict[int, int] = {}
@@ -75,11 +91,21 @@ class ShardSplit:
         return f"{self.files[self.shard[index]].name}:{self.member[index].decode()}", int(self.label[index])
 
     def read(self, index: int) -> bytes:
-        size = int(self.size[index])
-        data = os.pread(self._fd(int(self.shard[index])), size, int(self.offset[index]))
-        if len(data) != size:
-            raise OSError(f"{self[index][0]}: the tar ends {size - len(data)} bytes before the end of this member")
-        return data
+        """Sample `index`'s bytes, read in one call with its tar header. A member that its shard no longer holds
+        as packed (the shard removed, cut short, or overwritten) is an UnreadableSample naming shard and member."""
+        name, size = self[index][0], int(self.size[index])
+        try:
+            block = os.pread(self._fd(int(self.shard[index])), BLOCK + size, int(self.offset[index]) - BLOCK)
+        except FileNotFoundError:
+            raise UnreadableSample(f"{name}: the shard was removed since the run opened it") from None
+        except OSError as err:
+            raise UnreadableSample(f"{name}: {err.strerror or err}") from None
+        if len(block) < BLOCK + size:
+            missing = BLOCK + size - len(block)
+            raise UnreadableSample(f"{name}: the shard ends {missing} bytes before this member does: truncated")
+        if self.check_headers and not is_header_of(block, self.member[index], size):
+            raise UnreadableSample(f"{name}: the tar header before it is not its own: the shard was overwritten")
+        return block[BLOCK:]
 
     def _fd(self, shard: int) -> int:
         """This process's descriptor of `shard`. A forked worker opens its own: descriptors inherited across a fork
@@ -89,6 +115,15 @@ class ShardSplit:
         if shard not in self._fds:
             self._fds[shard] = os.open(self.files[shard], os.O_RDONLY | os.O_CLOEXEC)
         return self._fds[shard]
+
+
+def is_header_of(block: bytes, member: bytes, size: int) -> bool:
+    """Whether `block` starts with the ustar header of `member`, of `size` bytes (as data.pack writes them)."""
+    name, _, _ = block[NAME_FIELD].partition(b"\0")
+    try:
+        return name == member and int(block[SIZE_FIELD].strip(b"\0 "), 8) == size
+    except ValueError:
+        return False
 
 
 def open_shards(directory: Path) -> tuple[ShardSplit, ShardSplit]:
