@@ -112,7 +112,7 @@ class BatchDataset(Dataset[Decoded | Encoded]):
         # the training device (Encoded batches), but for files its decoder's fast path does not take
         self.device_share = device_share
         # Read in the parent before the workers fork, so they share the pages instead of each reading the files.
-        self.cache = [split.read(index) for index in range(len(split))] if cache_bytes else None
+        self.cache = [_read_or_none(split, index) for index in range(len(split))] if cache_bytes else None
 
     def __len__(self) -> int:
         return len(self.split)
@@ -170,8 +170,10 @@ class BatchDataset(Dataset[Decoded | Encoded]):
             warned.append(name)
 
     def read(self, index: int) -> bytes:
-        """Sample `index`'s bytes, from memory where data.cache_bytes kept them."""
-        return self.cache[index] if self.cache is not None else self.split.read(index)
+        """Sample `index`'s bytes, from memory where data.cache_bytes kept them (a file that could not be kept is
+        read again, to say why)."""
+        cached = self.cache[index] if self.cache is not None else None
+        return cached if cached is not None else self.split.read(index)
 
     def read_with_crop(self, index: int, seed: int) -> tuple[bytes, Box, bool]:
         """Sample `index`'s bytes, and the crop box and flip drawn from its header's size (and `seed`)."""
@@ -245,6 +247,14 @@ class BatchDataset(Dataset[Decoded | Encoded]):
             return index, data, box, flip
         self.decode_crop_into(out, index, data, box, flip, warned)
         return index, None, box, flip
+
+
+def _read_or_none(split: Split, index: int) -> bytes | None:
+    """Sample `index`'s bytes, or None where they cannot be read (its read in training then says why)."""
+    try:
+        return split.read(index)
+    except OSError:
+        return None
 
 
 class Loader:
