@@ -12,6 +12,11 @@ from configs.checks import one_of, positive, require
 DATASETS = ("synthetic", "imagenet")
 FORMATS = ("files", "shards")  # a folder tree in any known layout, or indexed tar shards
 CORRUPT_POLICIES = ("skip", "fail")
+# data.max_skipped: the distinct files one rank's loader may skip in a run before the run stops. ImageNet as
+# distributed reads whole (its odd files, a PNG, CMYK, bad Huffman codes, all decode), so a skip means a copy gone
+# wrong. A handful replaced among 1.28 M images changes nothing a run measures (100 are 0.008 %); more points at a
+# failing disk, a copy still being written or a dataset swapped under the run: better stopped than trained on.
+MAX_SKIPPED = 100
 # data.decode: the fused decoder in the workers (cpu), the training device (gpu), a share of each batch on each
 # (hybrid), or the faster mix as measured at start-up on this machine (auto)
 DECODERS = ("auto", "cpu", "gpu", "hybrid")
@@ -43,6 +48,7 @@ class DataConfig:
     workers: int | None = None  # loader processes per rank; 0 loads in the training process; null: this rank's
     # share of the machine's cores, less one for the training process (data.loader.workers_for_cores)
     corrupt: str = "skip"  # skip: replace an unreadable or corrupt file by another sample, report it once | fail
+    max_skipped: int = MAX_SKIPPED  # corrupt=skip: stop the run when a rank's loader skips more distinct files
     max_pixels: int = 178_956_970  # refuse an image whose header claims more pixels (Pillow's bomb limit)
     cache_bytes: bool = False  # keep every file's bytes in memory (read once, shared by the workers)
     # cpu: the fused decoder in the workers | gpu: the workers read the bytes and draw the crops, the training
@@ -83,6 +89,7 @@ def validate(data: DataConfig, batch_divisor: int, reads_files: bool = True) -> 
     )
     one_of(data.format, "data.format", FORMATS)
     one_of(data.corrupt, "data.corrupt", CORRUPT_POLICIES)
+    require(data.max_skipped >= 0, "data.max_skipped", f"must be 0 or more, got {data.max_skipped}")
     one_of(data.decode, "data.decode", DECODERS)
     require(0 <= data.device_share <= 1, "data.device_share", f"must be in [0, 1], got {data.device_share}")
     positive(data.max_pixels, "data.max_pixels")

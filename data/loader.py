@@ -3,7 +3,10 @@
 Each worker takes a whole batch of (index, seed) pairs, reads each file (or its cached bytes), draws the crop
 box from the header size, and decodes only the box into the batch's slot. The batch tensor lives in shared
 memory from the start, so it reaches the training process without a copy; uint8 travels, the model normalises.
-An unreadable or corrupt file is replaced by another sample and reported once, or ends the run, as `corrupt` says.
+An unreadable or corrupt file, or one removed, truncated or replaced since the index was built, is replaced by
+another sample drawn from its slot's own seed and reported once, or ends the run, as `corrupt` says; more than
+`max_skipped` distinct files skipped end it too. A replacement changes that slot alone: every other sample, in its
+batch and in every later one, is the sample it would have been, so a resumed run stays bitwise.
 With a share of each batch left to the training device (data.decode=gpu or hybrid), the worker reads those files'
 bytes and draws their crops only, and a producer thread of the training process decodes them (data.feeder).
 """
@@ -28,7 +31,7 @@ from torch.utils.data import BatchSampler, DataLoader, Dataset, get_worker_info
 from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter
 
 from data import jpeg
-from data.config import CORRUPT_POLICIES
+from data.config import CORRUPT_POLICIES, MAX_SKIPPED
 from data.device_decode import decode_each, resize_crops
 from data.feeder import Feeder
 from data.sampler import ShardedSampler
@@ -258,9 +261,10 @@ def _read_or_none(split: Split, index: int) -> bytes | None:
 
 
 class Loader:
-    """Iterates (images, labels) batches for one rank; reports each skipped file once, by its path, keeps the
-    paths of the files decoded despite libjpeg's warnings (`warned`), and counts the seconds its reader spent
-    waiting for a batch (`waited_s`, over all epochs)."""
+    """Iterates (images, labels) batches for one rank; reports each skipped file once, by its path, and keeps them
+    (`skipped`: path -> the reason, a line that starts with the path) until more than `max_skipped` end the
+    iteration with a DatasetError; keeps the paths of the files decoded despite libjpeg's warnings (`warned`), and
+    counts the seconds its reader spent waiting for a batch (`waited_s`, over all epochs)."""
 
     def __init__(
         self,
@@ -271,12 +275,14 @@ class Loader:
         workers: int,
         pin: bool,
         device: torch.device | None = None,
+        max_skipped: int = MAX_SKIPPED,
     ):
         self.dataset = dataset
         self.device = device  # where Encoded batches are decoded, and where a CUDA device's batches are sent ahead
         self.sampler = sampler
         self.batch = batch
-        self.skipped: dict[str, str] = {}
+        self.skipped: dict[str, str] = {}  # over the loader's life: every epoch of this attempt
+        self.max_skipped = max_skipped
         self.warned: set[str] = set()
         self._waited_s = 0.0
         self._feeder: Feeder[Encoded] | None = None
@@ -382,11 +388,17 @@ class Loader:
             yield batch.images, batch.labels
 
     def _report(self, skipped: list[tuple[str, str]], warned: list[str]) -> None:
-        """Each skipped file once, by its path; the files decoded despite libjpeg's warnings."""
+        """Each skipped file once, by its path; the files decoded despite libjpeg's warnings. A DatasetError once
+        more than `max_skipped` files are skipped."""
         for path, reason in skipped:
             if path not in self.skipped:
                 self.skipped[path] = reason
                 log.warning("skipped an unreadable file: %s", reason)
+                if len(self.skipped) > self.max_skipped:
+                    raise DatasetError(
+                        f"{len(self.skipped)} unreadable files skipped, more than data.max_skipped={self.max_skipped}"
+                        f"; the last {reason}. Repair the dataset, or raise data.max_skipped"
+                    )
         self.warned.update(warned)
 
     def _on_device(self, batch: Encoded) -> Batch:
@@ -489,6 +501,7 @@ def build_loader(
     max_pixels: int = jpeg.MAX_PIXELS,
     device: torch.device | None = None,
     device_share: float | None = None,
+    max_skipped: int = MAX_SKIPPED,
 ) -> Loader:
     """Full batches (training) or every sample with a trailing partial batch (evaluation), uint8 NHWC, for the
     training `device` (a CUDA one gets each batch copied ahead on a side stream): decoded by the workers, or with
@@ -497,4 +510,6 @@ def build_loader(
     dataset = BatchDataset(
         split, crops, corrupt=corrupt, cache_bytes=cache_bytes, max_pixels=max_pixels, device_share=device_share
     )
-    return Loader(dataset, sampler, batch=batch, workers=workers, pin=pin_memory, device=device)
+    return Loader(
+        dataset, sampler, batch=batch, workers=workers, pin=pin_memory, device=device, max_skipped=max_skipped
+    )
