@@ -28,13 +28,21 @@ run.mode=benchmark writes nothing of its own. Later tools find runs with `find_r
 a run's log with `mlperf_log` (summarize, mlperf_logs.package), which honours the run's mlperf.log_file; what they
 write (summarize's summary.csv and PNGs) is theirs, not the run's.
 
+A write of the run directory that fails (no space left, a quota, a read-only filesystem, the directory gone) raises
+`StorageError`, whose one line names the file, the filesystem and the room it needed and had: `writing` turns an
+OSError into one, `appending` also cuts the file back so that it never ends in part of a line.
+
 This package imports nothing of the project: anything may import it.
 """
 
 from __future__ import annotations
 
+import errno
+import math
+import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
@@ -141,6 +149,126 @@ def find_run_dirs(root: Path) -> list[Path]:
     return [directory for directory in (root, *root.rglob("*")) if is_run_dir(directory)]
 
 
+MB = 10**6  # StorageError's line gives sizes in SI megabytes, as df -H does
+
+
+class StorageError(Exception):
+    """A write of the run directory failed: `path` the file, `reason` why (the OSError's, e.g. "no space left",
+    "disk quota exceeded", "read-only file system"), `filesystem` the mount point holding it and `fstype` its type
+    (None where /proc/self/mounts does not say), `needed` the bytes the write needed (None: unknown), `free` the
+    bytes free there once the failed write was cleaned up, and `errno` the OSError's."""
+
+    def __init__(
+        self,
+        path: Path,
+        reason: str,
+        filesystem: Path,
+        fstype: str | None,
+        needed: int | None,
+        free: int,
+        errno: int | None = None,
+    ) -> None:
+        super().__init__(path, reason, filesystem, fstype, needed, free, errno)  # args as given: it pickles
+        self.path = path
+        self.reason = reason
+        self.filesystem = filesystem
+        self.fstype = fstype
+        self.needed = needed
+        self.free = free
+        self.errno = errno
+
+    @classmethod
+    def of(cls, path: Path, err: OSError, needed: int | None = None) -> StorageError:
+        """The error for `err`, raised writing `path`, which needed `needed` bytes where known."""
+        reason = "no space left" if err.errno == errno.ENOSPC else _lowercase_first(err.strerror or str(err))
+        mount = filesystem(path)
+        return cls(path, reason, mount, filesystem_type(mount), needed, free_bytes(path), err.errno)
+
+    def __str__(self) -> str:
+        fstype = f" ({self.fstype})" if self.fstype else ""
+        return f"{self.reason} on {self.filesystem}{fstype} writing {self.path.name}{self._room()}"
+
+    def _room(self) -> str:
+        """The figures that explain a lack of room: what the write needed and, for a full filesystem, what it has
+        free (a quota's own room is not the filesystem's free space, so none is shown for it). Needs are rounded up
+        and free space down, so that a write that did not fit never reads as one that would have."""
+        if self.errno not in (errno.ENOSPC, errno.EDQUOT):
+            return ""
+        figures = [f"needs {math.ceil(self.needed / MB)} MB"] if self.needed is not None else []
+        if self.errno == errno.ENOSPC:
+            figures.append(f"{self.free // MB} MB free")
+        return f" ({', '.join(figures)})" if figures else ""
+
+
+def _lowercase_first(text: str) -> str:
+    return text[:1].lower() + text[1:]
+
+
+@contextmanager
+def writing(path: Path, needed: Callable[[], int] | None = None) -> Iterator[None]:
+    """A block that writes `path`: an OSError raised in it becomes StorageError (with `needed()` bytes, asked only
+    then), raised from it. Other exceptions pass."""
+    try:
+        yield
+    except OSError as err:
+        raise StorageError.of(path, err, needed() if needed else None) from err
+
+
+@contextmanager
+def appending(path: Path) -> Iterator[None]:
+    """A block that appends to `path` (a log's line, a CSV's row): if it fails, the file is cut back to the size it
+    had before, so that it never ends in part of a line (cutting needs no free space), and StorageError is raised."""
+    with writing(path):
+        before = path.stat().st_size if path.exists() else 0
+        try:
+            yield
+        except OSError:
+            with suppress(OSError):  # a file that is gone, or on a read-only filesystem, holds nothing to cut
+                os.truncate(path, before)
+            raise
+
+
+def _existing_ancestor(path: Path) -> Path:
+    """`path` resolved, or its deepest ancestor that exists (the run directory may be gone)."""
+    resolved = path.resolve()
+    return next(folder for folder in (resolved, *resolved.parents) if os.path.exists(folder))
+
+
+def filesystem(path: Path) -> Path:
+    """The mount point of the filesystem that holds `path` (or would: its deepest existing ancestor's)."""
+    folder = _existing_ancestor(path)
+    while not os.path.ismount(folder):
+        folder = folder.parent
+    return folder
+
+
+def filesystem_type(mount_point: Path) -> str | None:
+    """The type of the filesystem mounted at `mount_point` (tmpfs, ext4, nfs, ...), from /proc/self/mounts (the last
+    mount there is the one on top); None where it cannot be read (not Linux) or does not list it."""
+    try:
+        mounts = Path("/proc/self/mounts").read_text().splitlines()
+    except OSError:
+        return None
+    fstype = None
+    for line in mounts:
+        _device, mounted_at, kind, *_options = line.split()
+        if _unescape(mounted_at) == str(mount_point):
+            fstype = kind
+    return fstype
+
+
+def _unescape(field: str) -> str:
+    """A path as /proc/self/mounts writes it: a space, tab, newline or backslash as an octal escape (\\040)."""
+    return re.sub(r"\\([0-7]{3})", lambda octal: chr(int(octal[1], 8)), field)
+
+
+def free_bytes(path: Path) -> int:
+    """The bytes free to an unprivileged writer on the filesystem that holds `path` (its deepest existing
+    ancestor's): statvfs's f_bavail blocks of f_frsize."""
+    stats = os.statvfs(_existing_ancestor(path))
+    return stats.f_bavail * stats.f_frsize
+
+
 __all__ = [
     "CHECKPOINT",
     "CONFIG",
@@ -157,12 +285,18 @@ __all__ = [
     "PROJECTION_TEXT",
     "RESUME_SCRIPT",
     "TENSORBOARD",
+    "StorageError",
+    "appending",
     "attempt_log",
+    "filesystem",
+    "filesystem_type",
     "find_run_dirs",
+    "free_bytes",
     "is_run_dir",
     "mlperf_log",
     "recorded_config",
     "refusal_to_overwrite",
     "temporary",
+    "writing",
     "written_by_run",
 ]
