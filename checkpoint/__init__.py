@@ -2,16 +2,20 @@
 
 A training run's checkpoint holds its backend's state, where its loop stood, what each rank holds alone, and the
 sizes its logs had, so that `restore_run` continues it bitwise (`save_run` writes it, `restore_point` finds it).
+A write that fails (a full disk, a read-only directory) leaves the previous checkpoint as it was and raises
+rundir.StorageError; `room_needed` is the free space a run directory needs for its checkpoints.
 """
 
 from __future__ import annotations
 
+import io
 import os
 import random
 from collections.abc import Callable
+from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, TYPE_CHECKING, Any, cast
 
 import numpy as np
 import torch
@@ -20,6 +24,9 @@ import distributed
 import rundir
 from backends.base import Backend
 from configs.checks import ConfigError
+
+if TYPE_CHECKING:
+    from _typeshed import ReadableBuffer
 
 FORMAT = 2  # 2: each rank's state (generators, the epoch's losses, BatchNorm statistics) under "ranks"
 
@@ -113,9 +120,67 @@ def save(path: Path, state: dict[str, Any]) -> None:
 
 
 def save_atomically(path: Path, obj: Any) -> None:
+    """Write `obj` with torch.save to a temporary file, then rename it to `path`. A write that fails removes the
+    temporary file, leaves the file at `path` as it was, and raises rundir.StorageError with the size the file needed
+    (an interrupted one removes the temporary file too).
+
+    torch.save is given a file object, not the path: given a path, its C++ writer reports a full disk as
+    "RuntimeError: unexpected pos" or "basic_ios::clear: iostream error", with no OSError to say why; given a file,
+    the OSError is raised by the file's write, and arrives as the context of the RuntimeError that torch raises next
+    (torch/serialization.py, _open_zipfile_writer_buffer.__exit__ ends the archive even when writing it failed).
+    """
     tmp = rundir.temporary(path)
-    torch.save(obj, tmp)
-    os.replace(tmp, path)
+    try:
+        with tmp.open("wb") as f:
+            torch.save(obj, f)
+        os.replace(tmp, path)
+    except BaseException as err:
+        with suppress(OSError):  # nothing was begun where it could not be opened (read-only, a folder gone)
+            tmp.unlink()
+        if (cause := _os_error(err)) is None:
+            raise
+        raise rundir.StorageError.of(path, cause, serialized_size(obj)) from err
+
+
+def _os_error(err: BaseException | None) -> OSError | None:
+    """The OSError that `err` is, or that it was raised from or while handling; None where there is none."""
+    while err is not None and not isinstance(err, OSError):
+        err = err.__cause__ or err.__context__
+    return err
+
+
+def serialized_size(obj: Any) -> int:
+    """The bytes `save_atomically` writes for `obj`: torch.save into a sink that only counts them."""
+    sink = _CountingSink()
+    torch.save(obj, cast(IO[bytes], sink))  # a file object for torch.save, which calls only write and flush
+    return sink.size
+
+
+class _CountingSink(io.RawIOBase):
+    """A writable file that keeps nothing and counts the bytes written to it. torch.save's zip writer calls a file
+    object's write and then flush (torch/serialization.py, _open_zipfile_writer_buffer; its seek only under
+    torch.serialization.skip_data, which a checkpoint does not use)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.size = 0
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data: ReadableBuffer) -> int:
+        written = memoryview(data).nbytes
+        self.size += written
+        return written
+
+
+def room_needed(state: Any, existing: Path) -> int:
+    """The bytes a run directory must have free to save checkpoints of `state` at `existing`, which may hold one
+    already: a checkpoint's temporary copy is written beside the previous checkpoint, which stays until the rename,
+    so at that moment the directory holds two checkpoints, of which the one already at `existing` is on disk."""
+    size = serialized_size(state)
+    on_disk = existing.stat().st_size if existing.exists() else 0
+    return max(2 * size - on_disk, 0)
 
 
 def load(path: Path, fingerprint: dict[str, Any]) -> dict[str, Any]:
