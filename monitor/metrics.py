@@ -1,17 +1,29 @@
 """What a person reads during and after a run: a metrics CSV and TensorBoard scalars (one row, one point per
-epoch), and a PNG of loss and accuracy."""
+epoch), and a PNG of loss and accuracy.
+
+metrics.csv is what a resumed run cuts back to, so a row that cannot be written ends the run (rundir.StorageError);
+TensorBoard and the plot are side outputs: one that cannot be written is turned off with one warning, and the run
+goes on.
+"""
 
 from __future__ import annotations
 
 import csv
+import itertools
+import os
+import socket
+import sys
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
-from torch.utils.tensorboard import SummaryWriter
+from tensorboard.compat.proto.event_pb2 import Event, SessionLog  # type: ignore[import-untyped]
+from tensorboard.compat.proto.summary_pb2 import Summary  # type: ignore[import-untyped]
+from tensorboard.summary.writer.record_writer import RecordWriter  # type: ignore[import-untyped]
 
+import rundir
 from mlperf_logs.logger import truncate_to
 
 
@@ -69,16 +81,18 @@ class MetricsCSV:
     """Appends one row per epoch to the CSV, and the same figures as TensorBoard scalars (stepped by the
     optimizer step) when given a folder for them. A resumed run cuts both back to its checkpoint.
 
-    With `path=None` (ranks > 0) it writes nothing.
+    A row that cannot be written raises rundir.StorageError, the CSV left with whole rows; TensorBoard that cannot
+    be written is turned off for the rest of the run, with one warning. With `path=None` (ranks > 0) it writes
+    nothing.
     """
 
     def __init__(self, path: Path | None, tensorboard: Path | None = None) -> None:
         self.path = path
         self.tensorboard = tensorboard if path is not None else None
-        self._writer: SummaryWriter | None = None
+        self._events: EventFile | None = None
         self._purge_step: int | None = None
         if path is not None and (not path.exists() or path.stat().st_size == 0):
-            with path.open("w", newline="") as f:
+            with rundir.appending(path), path.open("w", newline="") as f:
                 csv.writer(f).writerow(field.name for field in fields(EpochMetrics))
 
     def resume(self, size: int, step: int) -> None:
@@ -92,19 +106,16 @@ class MetricsCSV:
         if self.path is None:
             return
         values = {k: ("" if v is None else v) for k, v in asdict(row).items()}
-        with self.path.open("a", newline="") as f:
+        with rundir.appending(self.path), self.path.open("a", newline="") as f:
             csv.writer(f).writerow(values.values())
         self._add_scalars(row)
 
     def close(self) -> None:
-        if self._writer is not None:
-            self._writer.close()
+        """Nothing stays open between rows: each append opens and closes the files it writes."""
 
     def _add_scalars(self, row: EpochMetrics) -> None:
         if self.tensorboard is None:
             return
-        if self._writer is None:
-            self._writer = SummaryWriter(str(self.tensorboard), purge_step=self._purge_step)
         scalars = {
             "train/loss": row.train_loss,
             "train/lr": row.lr,
@@ -112,10 +123,13 @@ class MetricsCSV:
             "eval/top1": row.eval_accuracy,
             **{f"time/{name}": getattr(row, name) for name in ("data_wait", "step_time", "allreduce", "evaluation")},
         }
-        for tag, value in scalars.items():
-            if value is not None:
-                self._writer.add_scalar(tag, value, row.step)
-        self._writer.flush()
+        try:
+            if self._events is None:
+                self._events = EventFile(self.tensorboard, self._purge_step)
+            self._events.add_scalars({tag: value for tag, value in scalars.items() if value is not None}, row.step)
+        except rundir.StorageError as err:
+            self.tensorboard = self._events = None
+            warn(f"TensorBoard turned off: {err}")
 
     def read(self) -> list[dict[str, str]]:
         if self.path is None:
@@ -124,8 +138,52 @@ class MetricsCSV:
             return list(csv.DictReader(f))
 
 
-def plot(rows: list[dict[str, str]], path: Path, target: float) -> None:
-    """Training loss and evaluation top-1 against epoch, with the target accuracy drawn in."""
+_EVENT_FILES = itertools.count()  # numbers a process's event files apart, as tensorboard's own _global_uid does
+
+
+class EventFile:
+    """A TensorBoard event file in `folder`, to which each call appends its points in the caller's thread, whole or
+    not at all (rundir.appending raises StorageError, the file cut back to whole records).
+
+    Written here rather than by torch's SummaryWriter, which writes from a thread of its own: a failed write there is
+    printed by threading as a traceback before the next flush raises it again (tensorboard's
+    summary/writer/event_file_writer.py, _AsyncWriterThread.run). The file is named and begun as SummaryWriter does:
+    TensorBoard reads a folder's files in name order, and a SessionLog START at `purge_step` (a resumed run's first
+    step) drops the points a stopped run wrote from that step on (SummaryWriter's purge_step).
+    """
+
+    def __init__(self, folder: Path, purge_step: int | None = None) -> None:
+        with rundir.writing(folder):
+            folder.mkdir(parents=True, exist_ok=True)
+        now = time.time()
+        name = f"events.out.tfevents.{int(now):010d}.{socket.gethostname()}.{os.getpid()}.{next(_EVENT_FILES)}"
+        self.path = folder / name
+        begun = [Event(wall_time=now, file_version="brain.Event:2")]
+        if purge_step is not None:
+            begun.append(Event(wall_time=now, step=purge_step, session_log=SessionLog(status=SessionLog.START)))
+        self._append(begun)
+
+    def add_scalars(self, scalars: dict[str, float], step: int) -> None:
+        now = time.time()
+        points = [Summary(value=[Summary.Value(tag=tag, simple_value=value)]) for tag, value in scalars.items()]
+        self._append([Event(wall_time=now, step=step, summary=point) for point in points])
+
+    def _append(self, events: list[Event]) -> None:
+        with rundir.appending(self.path), self.path.open("ab") as f:
+            records = RecordWriter(f)
+            for event in events:
+                records.write(event.SerializeToString())
+
+
+def warn(line: str) -> None:
+    """A side output turned off: one line on stderr, and the run goes on."""
+    print(f"warning: {line}", file=sys.stderr, flush=True)
+
+
+def plot(rows: list[dict[str, str]], path: Path, target: float) -> bool:
+    """Training loss and evaluation top-1 against epoch, with the target accuracy drawn in; whether it was written.
+    A plot that cannot be written (a full disk, a read-only directory) is removed rather than left empty or cut
+    short, and said in one warning line."""
     epochs = [int(r["epoch"]) for r in rows]
     evals = [(int(r["epoch"]), float(r["eval_accuracy"])) for r in rows if r["eval_accuracy"]]
     from matplotlib.figure import Figure  # imported here: half a second off every start of train.py
@@ -145,4 +203,12 @@ def plot(rows: list[dict[str, str]], path: Path, target: float) -> None:
     acc_ax.set_ylabel("eval top-1", color="tab:orange")
     fig.tight_layout(rect=(0, 0, 1, 0.92))
     fig.legend(loc="upper center", ncol=3, fontsize="small")
-    fig.savefig(path, dpi=100)
+    try:
+        with rundir.writing(path):
+            fig.savefig(path, dpi=100)
+    except rundir.StorageError as err:
+        with suppress(OSError):  # nothing was begun where it could not be opened (read-only, a folder gone)
+            path.unlink()
+        warn(f"plot not written: {err}")
+        return False
+    return True

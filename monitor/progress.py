@@ -8,13 +8,15 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import NoReturn, Protocol
 
 import torch
 from tqdm import tqdm
 
-from monitor.metrics import EpochMetrics
+import rundir
+from monitor.metrics import EpochMetrics, warn
 
 REFRESH_STEPS = 5  # reading the loss is a host sync, so the display refreshes every few steps
 JOB_LOGGER = logging.getLogger("rn50perf.run")  # what `say` shows, kept in Hydra's job log (rundir.JOB_LOG)
@@ -32,15 +34,33 @@ def say(line: str, error: bool = False) -> None:
 @contextmanager
 def job_log() -> Iterator[None]:
     """For one Hydra job: what `say` shows goes to the job's log file(s) too, the root logger's file handlers,
-    which Hydra's job logging opens in the run directory (rundir.JOB_LOG, train.log)."""
+    which Hydra's job logging opens in the run directory (rundir.JOB_LOG, train.log). A file that cannot be written
+    is turned off (`_turn_off_on_failure`)."""
     files = [handler for handler in logging.getLogger().handlers if isinstance(handler, logging.FileHandler)]
     for handler in files:
         JOB_LOGGER.addHandler(handler)
+        handler.handleError = partial(_turn_off_on_failure, handler)  # type: ignore[method-assign]
     try:
         yield
     finally:
         for handler in files:
             JOB_LOGGER.removeHandler(handler)
+            vars(handler).pop("handleError", None)  # the class's again
+
+
+def _turn_off_on_failure(handler: logging.FileHandler, record: logging.LogRecord) -> None:
+    """A job log's handleError: a line that cannot be written (a full disk, a read-only directory) removes the file's
+    handler from every logger it is on, with one warning, instead of logging's printing a "--- Logging error ---"
+    block for it and each line after it (logging.Handler.handleError, called in StreamHandler.emit's except block).
+    The terminal still shows every line. Any other error (a record that does not format) is logging's to report."""
+    error = sys.exception()
+    if not isinstance(error, OSError):
+        logging.FileHandler.handleError(handler, record)
+        return
+    for logger in (logging.getLogger(), *logging.Logger.manager.loggerDict.values()):
+        if isinstance(logger, logging.Logger):
+            logger.removeHandler(handler)
+    warn(f"job log turned off: {rundir.StorageError.of(Path(handler.baseFilename), error)}")
 
 
 class Progress:
