@@ -64,7 +64,7 @@ from data.synthetic import CACHE_ENV
 from distributed import LaunchError, PeerLost, Topology
 from distributed.stop import Resume, agreed_stop
 from mlperf_logs.hyperparameters import Hyperparameters, Submission, log_hyperparameters, log_submission
-from mlperf_logs.logger import MLPerfLogger, constants
+from mlperf_logs.logger import SKIPPED_FILES, MLPerfLogger, constants
 from monitor.metrics import EpochMetrics, EpochTimer, MetricsCSV, plot
 from monitor.progress import Progress, Simulated, epoch_line, job_log, print_summary, say
 from optim.precision import NonFiniteLoss, Policy
@@ -211,6 +211,7 @@ class Run:
     simulated: Simulated | None  # a simulated system's clock, shown beside the host's
     loop: Loop = field(default_factory=Loop)
     saved_step: int | None = None  # the step of the checkpoint in out_dir, None before the first
+    skips_logged: int = 0  # the training files skipped so far that the log has named
 
     def log_sizes(self) -> dict[str, int]:
         """The sizes of rank 0's logs: a resumed run cuts them back to these."""
@@ -456,7 +457,6 @@ def finish(run: Run, status: str, accuracy: float | None) -> tuple[str, float]:
         run.log.end(constants.RUN_STOP, metadata={constants.STATUS: status})
         minutes = (run.log.clock() - run.loop.run_start) / 60
         run.log.close()
-        run.metrics.close()
         if run.topology.is_main:
             plot_so_far(run)
             checkpoint.save_atomically(run.out_dir / rundir.FINAL_WEIGHTS, run.backend.state_dict()["model"])
@@ -529,6 +529,7 @@ def train_to_target(run: Run) -> tuple[str, float | None]:
             **timer.fractions(),
         )
         run.metrics.append(row)
+        log_new_skips(run, epoch)
         progress.end_epoch(epoch_line(cfg.run.max_epochs, row, run.simulated))
         loop.epoch, loop.batch, loop.losses = epoch + 1, 0, []
         if accuracy is not None and accuracy >= cfg.mlperf.target_accuracy:
@@ -538,6 +539,15 @@ def train_to_target(run: Run) -> tuple[str, float | None]:
             if cfg.run.checkpoint:
                 save(run)
     return constants.ABORTED, accuracy
+
+
+def log_new_skips(run: Run, epoch: int) -> None:
+    """The training files this epoch skipped that no earlier one had (data.corrupt=skip), in the log."""
+    skipped = list(run.train_loader.skipped)
+    if len(skipped) > run.skips_logged:
+        new = skipped[run.skips_logged :]
+        run.log.event(SKIPPED_FILES, {"epoch": epoch, "files": new, "total": len(skipped)})
+        run.skips_logged = len(skipped)
 
 
 def train_epoch(run: Run, progress: Progress) -> tuple[float, float]:

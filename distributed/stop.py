@@ -61,15 +61,19 @@ class Resume(NamedTuple):
         return shlex.join([*(f"{name}={value}" for name, value in self.env.items()), *self.argv])
 
     def write_script(self, out_dir: Path, why: str) -> Path:
-        """`resume.sh` in the run directory, run from the directory the run was started in; a write its filesystem
-        refuses raises rundir.StorageError."""
+        """`resume.sh` in the run directory, run from the directory the run was started in: written beside it and
+        renamed into place, so that a write its filesystem refuses (rundir.StorageError) leaves the one before."""
         exports = "".join(f"export {name}={shlex.quote(value)}\n" for name, value in self.env.items())
+        text = f"#!/bin/sh\n# {why}\n{exports}cd {shlex.quote(os.getcwd())}\nexec {shlex.join(self.argv)}\n"
         script = out_dir / rundir.RESUME_SCRIPT
-        with rundir.writing(script):
-            script.write_text(
-                f"#!/bin/sh\n# {why}\n{exports}cd {shlex.quote(os.getcwd())}\nexec {shlex.join(self.argv)}\n"
-            )
-            script.chmod(0o755)
+        written = rundir.temporary(script)
+        try:
+            with rundir.writing(script):
+                written.write_text(text)
+                written.chmod(0o755)
+                os.replace(written, script)
+        finally:
+            written.unlink(missing_ok=True)
         return script
 
 

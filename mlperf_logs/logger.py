@@ -19,6 +19,9 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 # so its time to train includes the time it was stopped, and this event (the checker accepts keys it does not know)
 # names the attempt's own log, kept whole beside it. https://github.com/mlcommons/training_policies
 RESUMED = "rn50perf_resumed"
+# The training files an epoch skipped (data.corrupt=skip) that no earlier epoch of the attempt had: a reader of the
+# log alone sees how many samples were not the dataset's own.
+SKIPPED_FILES = "rn50perf_skipped_files"
 
 
 class MLPerfLogger:
@@ -131,4 +134,4 @@ def truncate_to(path: Path, size: int) -> None:
             f.truncate(size)
 
 
-__all__ = ["RESUMED", "MLPerfLogger", "constants", "keep_attempt", "truncate_to"]
+__all__ = ["RESUMED", "SKIPPED_FILES", "MLPerfLogger", "constants", "keep_attempt", "truncate_to"]

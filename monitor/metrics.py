@@ -110,9 +110,6 @@ class MetricsCSV:
             csv.writer(f).writerow(values.values())
         self._add_scalars(row)
 
-    def close(self) -> None:
-        """Nothing stays open between rows: each append opens and closes the files it writes."""
-
     def _add_scalars(self, row: EpochMetrics) -> None:
         if self.tensorboard is None:
             return

@@ -19,8 +19,9 @@ one of these names takes it from here, so this table is the whole directory:
                          removed at the end
     mlperf.attemptN.log  as a stopped run resumes: attempt N's whole log         mlperf_logs.logger
     model.pt             the trained model's state_dict, at the run's end        checkpoint
-    .checkpoint.pt.tmp   checkpoint.pt or model.pt while it is written, then     checkpoint
-    .model.pt.tmp        renamed into place (a killed run may leave one)
+    .checkpoint.pt.tmp   checkpoint.pt, model.pt or resume.sh while it is        checkpoint,
+    .model.pt.tmp        written, then renamed into place (a killed run may      distributed.stop
+    .resume.sh.tmp       leave one)
     projection.txt       run.mode=project, instead of the training files:        projection.mode
     projection.json      all it printed, and its last line (the figures)
 
@@ -97,7 +98,7 @@ def written_by_run(name: str, log_file: str = MLPERF_LOG) -> bool:
     """Whether `name`, an entry of a run directory whose MLPerf log is named `log_file`, is one that a run writes."""
     log = Path(log_file)
     attempt = re.escape(log.stem) + r"\.attempt[1-9][0-9]*" + re.escape(log.suffix)
-    partial = {temporary(Path(kept)).name for kept in (CHECKPOINT, FINAL_WEIGHTS)}
+    partial = {temporary(Path(kept)).name for kept in (CHECKPOINT, FINAL_WEIGHTS, RESUME_SCRIPT)}
     return name in NAMES | partial | {log_file} or re.fullmatch(attempt, name) is not None
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import json
 import os
@@ -25,6 +26,7 @@ from data.build import open_splits
 from data.split import Split
 from data.synthetic import CACHE_ENV
 from distributed import Topology
+from tests.filesystems import read_only_directory, small_filesystem  # noqa: F401 (fixtures for every test file)
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -272,3 +274,13 @@ def processes_mentioning(*markers: str) -> list[int]:
         except (OSError, ValueError):
             continue
     return found
+
+
+def importing_torch(marker: str) -> bool:
+    """Whether a process whose command line names `marker` (a run's directory) has begun to import torch: its
+    libraries are mapped, and the import takes seconds more."""
+    for pid in processes_mentioning(marker):
+        with contextlib.suppress(OSError):
+            if "libtorch" in Path(f"/proc/{pid}/maps").read_text():
+                return True
+    return False

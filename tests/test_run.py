@@ -30,6 +30,7 @@ import rundir
 from checkpoint import CheckpointError
 from configs.checks import ConfigError
 from configs.schema import training_fingerprint
+from mlperf_logs.logger import SKIPPED_FILES
 from optim.precision import emulates
 from tests.conftest import (
     ALL_EPOCHS,
@@ -41,6 +42,7 @@ from tests.conftest import (
     assert_same_run,
     composed,
     configured_dataset,
+    importing_torch,
     mllog_events,
     processes_mentioning,
     record_margin,
@@ -48,6 +50,7 @@ from tests.conftest import (
     tensorboard_scalars,
     train_env,
 )
+from tests.filesystems import fill
 
 # Two epochs of 4 steps (TINY_RUN: 64 images at 32 px, batches of 16) that never reach the target, with LARS.
 TWO_EPOCHS = (*TINY_RUN, "run.max_epochs=2", *ALL_EPOCHS)
@@ -251,11 +254,11 @@ def assert_stopped_cleanly(run_dir: Path, stopped: StoppedRun, signum: signal.Si
 
 
 def test_a_run_stopped_at_the_end_of_an_epoch_then_killed_resumes_to_the_same_run(straight, cache_dir, tmp_path):
-    """SIGINT before the loop starts: the stop comes at step 1, the end of epoch 1 and before its evaluation. A new
+    """SIGINT as the loop starts: the stop comes at step 1, the end of epoch 1 and before its evaluation. A new
     run in its directory is refused, its files untouched; resumed, it is killed (SIGKILL) once it has written its
     next checkpoint, and resumed again it ends with the weights of a run never stopped, with one valid log."""
     command = [sys.executable, "train.py", *ONE_STEP_EPOCHS, f"hydra.run.dir={tmp_path}"]
-    stopped = stop_when(command, cache_dir, lambda output: "precision " in output, signal.SIGINT)
+    stopped = stop_when(command, cache_dir, loop_started(tmp_path), signal.SIGINT)
     assert_stopped_cleanly(tmp_path, stopped, signal.SIGINT, "step 1 (epoch 1, 1 of its 1 steps done)")
     assert "eval_start" not in [e["key"] for e in mllog_events(tmp_path / "mlperf.log")]  # before its evaluation
 
@@ -299,6 +302,19 @@ def last_event(log: Path) -> str:
         return ""
 
 
+def loop_started(run_dir: Path) -> Callable[[str], bool]:
+    """Ready once the run's log holds run_start: its loop runs, and a stop signal waits for its next step boundary
+    (before, one ends the run at once: test_a_stop_signal_during_start_up_...)."""
+
+    def ready(_: str) -> bool:
+        try:
+            return any(event["key"] == "run_start" for event in mllog_events(run_dir / "mlperf.log"))
+        except (FileNotFoundError, ValueError):  # not there yet, or a line being written
+            return False
+
+    return ready
+
+
 def stopped_where(stopped: StoppedRun, steps_per_epoch: int) -> re.Match[str]:
     """Where `stopped` says it stopped: group 1 the whole place, then the step, the epoch and its steps done."""
     pattern = rf"stopped by \w+ at (step (\d+) \(epoch (\d+), (\d+) of its {steps_per_epoch} steps done\))"
@@ -317,13 +333,13 @@ def assert_stopped_within_seconds(run_dir: Path, stopped: StoppedRun, signum: si
 def test_a_run_with_workers_stopped_twice_resumes_to_the_same_run_and_leaves_what_the_readme_lists(
     straight, cache_dir, tmp_path
 ):
-    """TWO_EPOCHS with a loader worker: SIGTERM to the whole process group while the loader starts (the worker
+    """TWO_EPOCHS with a loader worker: SIGTERM to the whole process group as the loop starts its loader (the worker
     gets it too, as from a terminal's Ctrl-C or from SLURM), then, continued by resume.sh, SIGUSR1 to the main
     process once epoch 1 has ended. Each attempt stops at its step boundary and the next says where it
     resumes; the run ends with the weights of one never stopped (without workers: the batches are the same), its
     log records each resumption, and its directory holds what the README lists."""
     command = [sys.executable, "train.py", *TWO_EPOCHS, "data.workers=1", f"hydra.run.dir={tmp_path}"]
-    first = stop_when(command, cache_dir, lambda output: "precision " in output, signal.SIGTERM, group=True)
+    first = stop_when(command, cache_dir, loop_started(tmp_path), signal.SIGTERM, group=True)
     assert_stopped_within_seconds(tmp_path, first, signal.SIGTERM, "step 1 (epoch 1, 1 of its 4 steps done)")
 
     resume = ["sh", str(tmp_path / "resume.sh")]  # as a user (or a requeued job) would
@@ -367,7 +383,7 @@ def test_a_run_with_workers_stops_at_any_point_within_seconds_and_resumes_to_the
     straight, cache_dir, tmp_path
 ):
     """Stops at several points of one run whose loaders have worker processes, by each stop signal, to the main
-    process and to the whole process group: while the loader starts, at a seeded random moment mid-epoch, while a
+    process and to the whole process group: as the loader starts, at a seeded random moment mid-epoch, while a
     checkpoint is written, and during an evaluation. Each exits within seconds of the step boundary with 128 +
     the signal, its log ended and its checkpoint loadable; the resumed run ends with the weights of a run that was
     never stopped (and that had no workers: the batches are the same)."""
@@ -385,7 +401,7 @@ def test_a_run_with_workers_stops_at_any_point_within_seconds_and_resumes_to_the
         return ready
 
     stops = [
-        ("loader starting", after("precision ", 0.0), signal.SIGINT, False),
+        ("loader starting", loop_started(tmp_path), signal.SIGINT, False),
         ("mid-epoch", after("resuming at epoch", rng.uniform(0.5, 2.0)), signal.SIGTERM, True),
         ("checkpoint write", lambda _: temporary.exists() or "epoch   1/3" in _, signal.SIGUSR1, False),
         ("evaluation", lambda _: last_event(log) == "eval_start", signal.SIGINT, True),
@@ -417,6 +433,8 @@ def test_an_unreadable_training_file_is_skipped_and_reported_or_fatal_by_policy(
     assert "1 unreadable files skipped" in skipped.stdout
     assert (skipped.stdout + skipped.stderr).count(f"skipped an unreadable file: {bad}") == 1
     assert_compliant_but_for_accuracy(tmp_path / "skip" / "mlperf.log", tmp_path)
+    logged = [e["value"] for e in mllog_events(tmp_path / "skip" / "mlperf.log") if e["key"] == SKIPPED_FILES]
+    assert logged == [{"epoch": 1, "files": [str(bad)], "total": 1}]  # named once, in the epoch that met it first
 
     fatal = run_train(*data, "data.corrupt=fail", f"hydra.run.dir={tmp_path / 'fail'}", cache=cache_dir)
     assert fatal.returncode == 2
@@ -487,3 +505,110 @@ def test_a_compiled_run_compiles_before_its_clock_starts_and_logs_a_run_the_chec
     init_s = (time_ms["init_stop"] - time_ms["init_start"]) / 1000
     epoch_s = (time_ms["block_stop"] - time_ms["block_start"]) / 1000  # the one epoch's block
     assert 3 * epoch_s < init_s, (init_s, epoch_s, result.stdout)  # the compilation (a minute here) came in init
+
+
+def generating(data_root: Path) -> Callable[[str], bool]:
+    """Ready once the synthetic set's generator has begun to write into `data_root`."""
+    return lambda _: data_root.is_dir() and any(data_root.iterdir())
+
+
+def compiling(output: str) -> bool:
+    """Ready a moment after the init phase said its precision: the model is built, and torch.compile under way."""
+    if "precision " not in output:
+        return False
+    time.sleep(2)
+    return True
+
+
+@pytest.mark.parametrize(
+    ("phase", "ready", "signum", "extra"),
+    [
+        ("imports", lambda run_dir: lambda _: importing_torch(str(run_dir)), signal.SIGTERM, ()),
+        ("data", generating, signal.SIGINT, ()),
+        pytest.param("compile", lambda _: compiling, signal.SIGUSR1, ("device.compile=true",), marks=pytest.mark.slow),
+    ],
+    ids=["imports", "data", "compile"],
+)
+def test_a_stop_signal_during_start_up_ends_the_run_with_its_status_and_the_same_command_starts_it_again(
+    phase, ready, signum, extra, cache_dir, tmp_path
+):
+    """A stop signal while train.py imports torch, while it generates its synthetic set, or while it compiles (in
+    MLPerf's init phase, its log begun) ends the run at once, with 128 + the signal, no traceback and no process
+    left; the run directory keeps only Hydra's record and train.log (nothing to resume), so the same command, as a
+    requeued job would, starts the run again and trains it."""
+    run_dir, data_root = tmp_path / "run", tmp_path / "data"
+    recipe = (*TINY_RUN, "run.max_epochs=1", *ALL_EPOCHS, f"data.root={data_root}", *extra)
+    command = [sys.executable, "train.py", *recipe, f"hydra.run.dir={run_dir}"]
+    watched = {"imports": run_dir, "data": data_root}.get(phase)
+    stopped = stop_when(command, cache_dir, ready(watched), signum, group=True)
+    assert stopped.status == 128 + signum, stopped.output
+    assert f"{signum.name} received: stopping now" in stopped.output and "Traceback" not in stopped.output
+    if phase != "imports":
+        assert f"stopped by {signum.name} before the run started: nothing to resume" in stopped.output
+    left = {path.name for path in run_dir.iterdir()} if run_dir.exists() else set()
+    assert left <= {".hydra", "train.log"}, left
+    assert processes_mentioning(str(run_dir)) == []
+    if phase == "data":  # the set half made is made again, and the run trains
+        again = run_train(*recipe, f"hydra.run.dir={run_dir}", cache=cache_dir)
+        assert again.returncode == 0, again.stdout + again.stderr
+        assert [event["key"] for event in mllog_events(run_dir / "mlperf.log")].count("run_start") == 1
+
+
+@pytest.mark.slow  # two minutes; make test keeps the refusals below and tests/test_storage.py's writes on a full disk
+def test_a_disk_that_fills_mid_run_ends_it_in_one_line_and_its_last_checkpoint_resumes_to_the_same_run(
+    straight, cache_dir, small_filesystem
+):
+    """TWO_EPOCHS checkpointed every 2 steps on a tmpfs with room for a checkpoint and its copy. Once the first
+    checkpoint is written, something else takes the space (the run held still meanwhile), so the next cannot be:
+    the run ends in one line naming the file, the filesystem and the room, with exit status 5, no temporary file
+    and its log ended; once space is freed, resume.sh continues it to the weights of a run never stopped."""
+    filesystem = small_filesystem(420 * rundir.MB)
+    run_dir = filesystem / "run"
+    filler: list[Path] = []
+
+    def filled_once_checkpointed(_: str) -> bool:
+        if not (run_dir / rundir.CHECKPOINT).exists():
+            return False
+        for pid in processes_mentioning(str(run_dir)):
+            os.kill(pid, signal.SIGSTOP)
+        filler.append(fill(filesystem, leave=50 * rundir.MB))
+        return True
+
+    command = [sys.executable, "train.py", *TWO_EPOCHS, "run.checkpoint_every_steps=2", f"hydra.run.dir={run_dir}"]
+    failed = stop_when(command, cache_dir, filled_once_checkpointed, signal.SIGCONT, group=True)
+    assert failed.status == 5, failed.output
+    said = [line for line in failed.output.splitlines() if not line.startswith(("dataset:", "precision ", "epoch "))]
+    assert said == [
+        f"error: no space left on {filesystem} (tmpfs) writing checkpoint.pt (needs 189 MB, 49 MB free); "
+        f"checkpoint.pt (step 2) is intact and resumes the run: free space and run {run_dir / 'resume.sh'}"
+    ]
+    assert not rundir.temporary(run_dir / rundir.CHECKPOINT).exists()
+    assert mllog_events(run_dir / "mlperf.log")[-1]["metadata"]["status"] == "aborted"
+
+    filler[0].unlink()
+    resumed = subprocess.run(["sh", str(run_dir / "resume.sh")], cwd=REPO, capture_output=True, text=True)
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert "resuming at epoch 1 (step 2, 2 steps into the epoch)" in resumed.stdout
+    assert_same_run(straight(TWO_EPOCHS), run_dir)
+
+
+def test_a_run_directory_too_small_for_a_checkpoint_or_not_writable_is_refused_in_one_line(
+    cache_dir, small_filesystem, read_only_directory
+):
+    """Before run_start, with exit status 2: a directory whose filesystem cannot hold a checkpoint and the copy
+    written beside it (known once the model is built), which keeps only Hydra's record and train.log; and one that
+    cannot be written at all, where even Hydra's first write fails."""
+    small = small_filesystem(60 * rundir.MB) / "run"
+    refused = run_train(*TINY_RUN, f"hydra.run.dir={small}", cache=cache_dir)
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    assert re.fullmatch(
+        rf"error: hydra\.run\.dir: {small} has \d+ MB free on {small.parent}; the run needs 3\d\d MB there, for a "
+        r"checkpoint and the copy written beside it: free space or give another hydra\.run\.dir\n",
+        refused.stderr,
+    ), refused.stderr
+    assert {path.name for path in small.iterdir()} <= {".hydra", "train.log"}
+
+    unwritable = read_only_directory.path / "run"
+    refused = run_train(*TINY_RUN, f"hydra.run.dir={unwritable}", cache=cache_dir)
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    assert refused.stderr == f"error: hydra.run.dir: {read_only_directory.says}writing run\n"

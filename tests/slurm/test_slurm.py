@@ -21,6 +21,7 @@ from tests.conftest import (
     REPO,
     assert_compliant,
     assert_same_run,
+    importing_torch,
     mllog_events,
     run_train,
     time_to_train_min,
@@ -39,6 +40,7 @@ from tests.slurm.jobs import (
     squeue,
     wait_for_job,
     wait_for_line,
+    wait_until,
 )
 
 
@@ -105,6 +107,31 @@ def test_a_hydra_launcher_job_warned_before_its_time_limit_requeues_itself_and_r
     assert f"job {job} requeued: it resumes from the checkpoint" in Path(f"{rank0}.err").read_text()
     assert_resumed_once(run_dir, "stopped by SIGUSR1")
     assert_same_run(whole_run, run_dir)
+
+
+def test_a_hydra_launcher_job_warned_while_it_starts_requeues_itself_and_trains_from_the_start(
+    slurm, cache_dir, tmp_path
+):
+    """SLURM may send its warning up to a minute early: here while the job's tasks load the run (submitit has
+    loaded this launcher, torch is being imported). Each task exits with 138 and no traceback, rank 0
+    requeues the job, and the requeued job trains the run from its start: one log, no stopped attempt's."""
+    sweep = tmp_path / "sweep"
+    command = [sys.executable, str(REPO / "train.py"), "-m", *TWO_TASKS, *TINY, f"hydra.sweep.dir={sweep}"]
+    output = tmp_path / "launcher.out"
+    with launched(command, tmp_path, job_environment(cache_dir), output) as launcher:
+        wait_until(lambda: importing_torch(str(sweep / ".submitit")), lambda: "no task importing torch", launcher)
+        job = job_of(sweep)
+        rank0 = sweep / ".submitit" / job / f"{job}_0_log"
+        subprocess.run(["scancel", "--signal=USR1", job], check=True)
+        release_when_requeued(job)
+        launcher.wait(timeout=JOB_TIMEOUT_S)
+    assert launcher.returncode == 0, output.read_text()
+    errors = Path(f"{rank0}.err").read_text()
+    assert f"job {job} requeued" in errors and "Traceback" not in errors, errors
+    run_dir = sweep / "0"
+    assert not list(run_dir.glob("mlperf.attempt*.log"))
+    assert [event["key"] for event in mllog_events(run_dir / "mlperf.log")].count("run_start") == 1
+    assert_compliant(run_dir / "mlperf.log")
 
 
 @pytest.mark.slow  # make test keeps Optuna's sweep through train.py (tests/test_sweeps.py) and the launcher's job
