@@ -233,21 +233,18 @@ def train(cfg: Config, out_dir: Path, topology: Topology, resolved: str) -> tupl
     train_loader = make_loader(cfg.data, splits[0], facts, seed=cfg.run.seed, train=True)
     val_loader = make_loader(cfg.data, splits[1], facts, seed=cfg.run.seed, train=False)
     with train_loader, val_loader:  # the workers end with the run, however it ends (Loader.close says why)
-        with forgotten_unless_started(
-            out_dir, cfg.mlperf.log_file, topology.is_main
-        ):  # a stop or a refusal here: the same command again
+        # A stop, a refusal or a failure before the clock starts: the same command again.
+        with forgotten_unless_started(out_dir, cfg.mlperf.log_file, topology.is_main):
             run = initialise(cfg, out_dir, facts, splits, (train_loader, val_loader), resolved, checkpoint is None)
-        with stopsignals.running():  # from here a stop signal waits for the next step boundary
-            if checkpoint is None:
-                run.log.start(constants.RUN_START)
-                run.loop.run_start = run.log.clock()
-            else:
+            if checkpoint is not None:
                 resume(run, checkpoint)
+        with stopsignals.running():  # from here a stop signal waits for the next step boundary
             try:
+                if checkpoint is None:
+                    run.log.start(constants.RUN_START)
+                    run.loop.run_start = run.log.clock()
                 status, accuracy = train_to_target(run)
-            except (
-                BaseException
-            ) as err:  # a bad file under data.corrupt=fail, a lost rank, a stop: the log ends the run
+            except BaseException as err:  # a bad file, a lost rank, a stop, a full disk: the log ends the run
                 lost = distributed.as_lost_peer(err)  # a collective that failed, as the rank it lost
                 end_stopped(run, lost or err)
                 if lost is not None and lost is not err:
@@ -270,7 +267,8 @@ def initialise(
     topology, (train_split, val_split), (train_loader, val_loader) = facts.topology, splits, loaders
     log = MLPerfLogger(out_dir / cfg.mlperf.log_file if topology.is_main else None)
     if topology.is_main:
-        (out_dir / rundir.CONFIG).write_text(resolved)
+        with rundir.writing(out_dir / rundir.CONFIG):
+            (out_dir / rundir.CONFIG).write_text(resolved)
     if fresh:
         log.event(constants.CACHE_CLEAR, True)
         log.start(constants.INIT_START)

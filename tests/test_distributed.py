@@ -293,11 +293,13 @@ def test_a_hung_rank_stops_the_other_after_the_timeout(cache_dir, tmp_path):
 
 def test_one_ranks_sigterm_stops_both_mid_epoch_and_they_resume_to_the_same_weights(two_ranks, cache_dir, tmp_path):
     run = torchrun(*TWO_RANKS, f"hydra.run.dir={tmp_path}", cache=cache_dir)
-    for line in run.stdout:  # rank 0 prints its policy once both ranks have opened the data: the loop is next
-        if line.startswith("precision "):
-            os.kill(rank_pid(str(tmp_path), rank=1), signal.SIGTERM)
-            signalled = time.monotonic()
-            break
+    log = tmp_path / "mlperf.log"
+    while not (log.exists() and "run_start" in log.read_text()):  # the loop has begun: a stop waits for its boundary
+        assert run.poll() is None, run.communicate()
+        time.sleep(0.01)
+    time.sleep(0.2)  # rank 1 past the barrier as well, into its first step (a second and more, its worker starting)
+    os.kill(rank_pid(str(tmp_path), rank=1), signal.SIGTERM)
+    signalled = time.monotonic()
     _, stderr = run.communicate(timeout=300)
     assert time.monotonic() - signalled < 30, stderr  # each rank's loader worker shut down, not waited for
     assert "stopped by SIGTERM at step 1 (epoch 1, 1 of its 4 steps done)" in stderr  # rank 0 says so, once

@@ -18,6 +18,7 @@ import yaml
 from omegaconf import OmegaConf
 
 from tests.conftest import (
+    ALL_EPOCHS,
     REPO,
     assert_compliant,
     assert_same_run,
@@ -116,7 +117,8 @@ def test_a_hydra_launcher_job_warned_while_it_starts_requeues_itself_and_trains_
     loaded this launcher, torch is being imported). Each task exits with 138 and no traceback, rank 0
     requeues the job, and the requeued job trains the run from its start: one log, no stopped attempt's."""
     sweep = tmp_path / "sweep"
-    command = [sys.executable, str(REPO / "train.py"), "-m", *TWO_TASKS, *TINY, f"hydra.sweep.dir={sweep}"]
+    one_epoch = (*TINY, "run.max_epochs=1", *ALL_EPOCHS)
+    command = [sys.executable, str(REPO / "train.py"), "-m", *TWO_TASKS, *one_epoch, f"hydra.sweep.dir={sweep}"]
     output = tmp_path / "launcher.out"
     with launched(command, tmp_path, job_environment(cache_dir), output) as launcher:
         wait_until(lambda: importing_torch(str(sweep / ".submitit")), lambda: "no task importing torch", launcher)
