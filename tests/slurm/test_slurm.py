@@ -209,9 +209,12 @@ def test_an_sbatch_job_requeued_by_slurm_resumes_to_the_same_weights(slurm, whol
 
 @pytest.mark.slow
 def test_a_hydra_launcher_job_that_reaches_its_time_limit_is_warned_requeued_and_finishes(slurm, cache_dir, tmp_path):
-    # A one-minute limit with the warning 40 s before it (SLURM may send it up to a minute early), on a run of about
-    # 90 s: SLURM's own timer sends USR1, each attempt stops before the limit, and the run ends in a later one.
-    overrides = ("hydra.launcher.timeout_min=1", "hydra.launcher.signal_delay_s=40", "run.max_epochs=40")
+    # A one-minute limit with the warning 40 s before it, which SLURM may send up to a minute early (sbatch(1),
+    # --signal): here it came at slurmctld's periodic check, each attempt about 30 s after the one before, while a
+    # task may still be importing. 16 epochs of 4 steps: more than an attempt trains on the fastest host (about 40
+    # steps, an AMX Xeon), 5 or 6 attempts on the slowest (about 12 steps each, an AVX2-only EPYC), so SLURM's own
+    # timer stops the run at least once, and the run ends in a later attempt.
+    overrides = ("hydra.launcher.timeout_min=1", "hydra.launcher.signal_delay_s=40", "run.max_epochs=16")
     command = [sys.executable, "train.py", "-m", *TWO_TASKS, *LONGER, *overrides, f"hydra.sweep.dir={tmp_path}"]
     output = tmp_path / "launcher.out"
     with launched(command, REPO, job_environment(cache_dir), output) as launcher:
