@@ -507,25 +507,37 @@ def test_a_compiled_run_compiles_before_its_clock_starts_and_logs_a_run_the_chec
     assert 3 * epoch_s < init_s, (init_s, epoch_s, result.stdout)  # the compilation (a minute here) came in init
 
 
-def generating(data_root: Path) -> Callable[[str], bool]:
-    """Ready once the synthetic set's generator has begun to write into `data_root`."""
+Ready = Callable[[str], bool]  # whether stop_when may send its signal, given the run's output so far
+
+
+def importing(run_dir: Path, data_root: Path) -> Ready:
+    """Once the run's process has begun to import torch."""
+    return lambda _: importing_torch(str(run_dir))
+
+
+def generating(run_dir: Path, data_root: Path) -> Ready:
+    """Once the synthetic set's generator has begun to write into `data_root`."""
     return lambda _: data_root.is_dir() and any(data_root.iterdir())
 
 
-def compiling(output: str) -> bool:
-    """Ready a moment after the init phase said its precision: the model is built, and torch.compile under way."""
-    if "precision " not in output:
-        return False
-    time.sleep(2)
-    return True
+def compiling(run_dir: Path, data_root: Path) -> Ready:
+    """A moment after the init phase said its precision: the model is built, and torch.compile under way."""
+
+    def ready(output: str) -> bool:
+        if "precision " not in output:
+            return False
+        time.sleep(2)
+        return True
+
+    return ready
 
 
 @pytest.mark.parametrize(
     ("phase", "ready", "signum", "extra"),
     [
-        ("imports", lambda run_dir: lambda _: importing_torch(str(run_dir)), signal.SIGTERM, ()),
+        ("imports", importing, signal.SIGTERM, ()),
         ("data", generating, signal.SIGINT, ()),
-        pytest.param("compile", lambda _: compiling, signal.SIGUSR1, ("device.compile=true",), marks=pytest.mark.slow),
+        pytest.param("compile", compiling, signal.SIGUSR1, ("device.compile=true",), marks=pytest.mark.slow),
     ],
     ids=["imports", "data", "compile"],
 )
@@ -539,8 +551,7 @@ def test_a_stop_signal_during_start_up_ends_the_run_with_its_status_and_the_same
     run_dir, data_root = tmp_path / "run", tmp_path / "data"
     recipe = (*TINY_RUN, "run.max_epochs=1", *ALL_EPOCHS, f"data.root={data_root}", *extra)
     command = [sys.executable, "train.py", *recipe, f"hydra.run.dir={run_dir}"]
-    watched = {"imports": run_dir, "data": data_root}.get(phase)
-    stopped = stop_when(command, cache_dir, ready(watched), signum, group=True)
+    stopped = stop_when(command, cache_dir, ready(run_dir, data_root), signum, group=True)
     assert stopped.status == 128 + signum, stopped.output
     assert f"{signum.name} received: stopping now" in stopped.output and "Traceback" not in stopped.output
     if phase == "compile":  # the run had begun to write its directory: it says so in train.log too
@@ -554,7 +565,6 @@ def test_a_stop_signal_during_start_up_ends_the_run_with_its_status_and_the_same
         assert [event["key"] for event in mllog_events(run_dir / "mlperf.log")].count("run_start") == 1
 
 
-@pytest.mark.slow  # two minutes; make test keeps the refusals below and tests/test_storage.py's writes on a full disk
 def test_a_disk_that_fills_mid_run_ends_it_in_one_line_and_its_last_checkpoint_resumes_to_the_same_run(
     straight, cache_dir, small_filesystem
 ):
