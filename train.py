@@ -288,7 +288,7 @@ def initialise(
     if cfg.device.compile or cfg.device.cuda_graphs:  # compiled and captured in MLPerf's init phase, not timed steps
         backend.compile_ahead(facts.shape.per_rank, val_loader.batch_sizes(), cfg.data.image_size, classes)
     if topology.is_main:
-        refuse_a_directory_too_small(out_dir, backend, topology.world_size)
+        checkpoint.refuse_a_directory_too_small(out_dir, backend, topology.world_size)
     if cfg.mlperf.clock == "device":
         log.clock = backend.now  # from here on the log, and the time-to-train, are in the simulated IPUs' time
     steps_per_epoch = len(train_loader)
@@ -305,20 +305,6 @@ def initialise(
         log.end(constants.INIT_STOP)
     distributed.barrier()  # every rank is ready when the clock starts
     return run
-
-
-def refuse_a_directory_too_small(out_dir: Path, backend: Backend, world_size: int) -> None:
-    """A run directory without room for a checkpoint and the copy written beside it is refused before the run
-    starts: the run would fail at its first or second checkpoint."""
-    state = {"backend": backend.state_dict(), "ranks": [backend.rank_state_dict()] * world_size}
-    needed = checkpoint.room_needed(state, out_dir / rundir.CHECKPOINT) + 2 * backend.state_to_come()
-    if (free := rundir.free_bytes(out_dir)) < needed:
-        raise ConfigError(
-            "hydra.run.dir",
-            f"{out_dir} has {free // rundir.MB} MB free on {rundir.filesystem(out_dir)}; the run needs "
-            f"{math.ceil(needed / rundir.MB)} MB there, for a checkpoint and the copy written beside it: free space "
-            "or give another hydra.run.dir",
-        )
 
 
 @contextlib.contextmanager

@@ -3,12 +3,14 @@
 A training run's checkpoint holds its backend's state, where its loop stood, what each rank holds alone, and the
 sizes its logs had, so that `restore_run` continues it bitwise (`save_run` writes it, `restore_point` finds it).
 A write that fails (a full disk, a read-only directory) leaves the previous checkpoint as it was and raises
-rundir.StorageError; `room_needed` is the free space a run directory needs for its checkpoints.
+rundir.StorageError; `room_needed` is the free space a run directory needs for its checkpoints, and
+`refuse_a_directory_too_small` refuses one without it before the run starts.
 """
 
 from __future__ import annotations
 
 import io
+import math
 import os
 import random
 from collections.abc import Callable
@@ -174,13 +176,29 @@ class _CountingSink(io.RawIOBase):
         return written
 
 
-def room_needed(state: Any, existing: Path) -> int:
-    """The bytes a run directory must have free to save checkpoints of `state` at `existing`, which may hold one
-    already: a checkpoint's temporary copy is written beside the previous checkpoint, which stays until the rename,
-    so at that moment the directory holds two checkpoints, of which the one already at `existing` is on disk."""
-    size = serialized_size(state)
+def room_needed(state: Any, existing: Path, grows_by: int = 0) -> int:
+    """The bytes a run directory must have free to save checkpoints of `state` (once it has grown by `grows_by`
+    bytes) at `existing`, which may hold one already: a checkpoint's temporary copy is written beside the previous
+    checkpoint, which stays until the rename, so at that moment the directory holds two checkpoints, of which the
+    one already at `existing` is on disk."""
+    size = serialized_size(state) + grows_by
     on_disk = existing.stat().st_size if existing.exists() else 0
     return max(2 * size - on_disk, 0)
+
+
+def refuse_a_directory_too_small(out_dir: Path, backend: Backend, world_size: int) -> None:
+    """A run directory without room for a checkpoint of `backend` (as `save_run` writes it, with the state its first
+    step adds) and the copy written beside it is refused before the run starts: it would fail at its first or
+    second checkpoint."""
+    state = {"backend": backend.state_dict(), "ranks": [backend.rank_state_dict()] * world_size}
+    needed = room_needed(state, out_dir / rundir.CHECKPOINT, grows_by=backend.state_to_come())
+    if (free := rundir.free_bytes(out_dir)) < needed:
+        raise ConfigError(
+            "hydra.run.dir",
+            f"{out_dir} has {free // rundir.MB} MB free on {rundir.filesystem(out_dir)}; the run needs "
+            f"{math.ceil(needed / rundir.MB)} MB there, for a checkpoint and the copy written beside it: free space "
+            "or give another hydra.run.dir",
+        )
 
 
 def load(path: Path, fingerprint: dict[str, Any]) -> dict[str, Any]:

@@ -106,6 +106,7 @@ def test_the_room_for_checkpoints_is_two_of_them_less_the_one_already_on_disk(tm
     size = checkpoint.serialized_size(state)
     path = tmp_path / rundir.CHECKPOINT
     assert checkpoint.room_needed(state, path) == 2 * size  # the first checkpoint, then its successor's copy
+    assert checkpoint.room_needed(state, path, grows_by=100) == 2 * (size + 100)  # momentum the first step makes
     checkpoint.save_atomically(path, {"weights": torch.zeros(10)})
     assert checkpoint.room_needed(state, path) == 2 * size - path.stat().st_size
     checkpoint.save_atomically(path, state)
