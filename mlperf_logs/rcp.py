@@ -61,6 +61,13 @@ def rcp_batch_sizes() -> list[int]:
     return sorted(record["BS"] for record in checker().pruned_rcp_data.values())
 
 
+def record_at(batch: int) -> dict[str, Any]:
+    """The pruned RCP at exactly `batch` with its runs ("Epochs to converge", ascending)."""
+    record = checker()._find_rcp(batch, PRUNED)
+    assert record is not None, f"no RCP at global batch {batch}"
+    return dict(record)
+
+
 def reference_for(batch: int) -> Reference:
     """The RCP for `batch`, found the way `rcp_checker.check_directory` finds it (which returns only a message)."""
     rcps = checker()

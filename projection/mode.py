@@ -18,11 +18,12 @@ from backends.ipu_sim import simulator
 from configs.checks import ConfigError
 from configs.schema import Config, batch_shape
 from data.datasets import IMAGENET_TRAIN_IMAGES, dataset_size
+from projection.convergence import Epochs, given_epochs, reference_epochs
 from projection.gpu.cost import Layout
 from projection.gpu.measured import read_check
 from projection.gpu.report import projection_report
 from projection.ipu import report
-from projection.run import Epochs, Schedule, given_epochs, reference_epochs
+from projection.run import Schedule
 
 
 def project(cfg: Config, out_dir: Path | None, command_line: Sequence[str], recipe: str) -> None:
@@ -111,7 +112,8 @@ def ipu_projection(cfg: Config) -> str:
     classes, _, _ = dataset_size(cfg.data)
     shape = batch_shape(cfg, world_size=1)  # a simulated system's replicas, whatever the ranks that project it
     plan = simulator.plan(cfg, shape, simulator.build_model(cfg, classes))
-    return report.project(plan, simulator.system_of(cfg), schedule_of(cfg, cfg.run.max_epochs))
+    system = simulator.system_of(cfg)
+    return report.project(plan, system, schedule_of(cfg, cfg.run.max_epochs), cfg.data.global_batch)
 
 
 def gpu_projection(cfg: Config, command_line: Sequence[str]) -> str:
@@ -127,6 +129,9 @@ def gpu_projection(cfg: Config, command_line: Sequence[str]) -> str:
 
 
 def epochs_of(cfg: Config, command_line: Sequence[str]) -> Epochs:
+    """run.max_epochs where the command line gives it, with where runs would stop around it; else where MLPerf's
+    reference runs for the global batch stop."""
+    schedule = schedule_of(cfg, cfg.run.max_epochs)
     if any(override.startswith("run.max_epochs=") for override in command_line):
-        return given_epochs(cfg.run.max_epochs)
-    return reference_epochs(cfg.data.global_batch, cfg.mlperf.first_eval, cfg.mlperf.eval_every)
+        return given_epochs(cfg.run.max_epochs, cfg.data.global_batch, schedule)
+    return reference_epochs(cfg.data.global_batch, schedule)

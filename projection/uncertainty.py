@@ -12,9 +12,12 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from collections.abc import Callable, Iterator, Mapping
+import math
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Generic, Protocol, TypeVar
+
+from scipy import stats
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
@@ -46,6 +49,41 @@ class Assumption:
     additive: bool = False  # only adds time after the steps (time-to-train rises with it): its two ends bound it
 
 
+COVERAGE = 0.8  # the share of real outcomes a printed range is sized to hold: "8 in 10"
+
+
+def prediction_half_width(errors_pct: Sequence[float], coverage: float = COVERAGE) -> float:
+    """The half-width (a fraction) that holds `coverage` of the error on one more system, from the model's errors on
+    systems it was not fitted to (leave-one-out, in %): Student's t prediction interval, the errors taken as centred
+    on zero (the fit is unbiased on its own systems) with their root mean square as the spread, so n errors give n
+    degrees of freedom."""
+    rms = math.sqrt(sum(error**2 for error in errors_pct) / len(errors_pct)) / 100
+    return float(stats.t.ppf(0.5 + coverage / 2, len(errors_pct))) * rms
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """How far a family's model lands from published figures it was not fitted to: each half-width (a fraction) holds
+    COVERAGE of the leave-one-out errors (prediction_half_width), `source` says over which systems."""
+
+    throughput: float
+    time_to_train: float
+    source: str
+
+
+@dataclass(frozen=True)
+class Convergence:
+    """How far an MLPerf score moves with the evaluation its five runs stop at: the score's COVERAGE range as
+    fractions below and above its central value (projection/convergence.py), and what it rests on."""
+
+    below: float
+    above: float
+    source: str
+
+
+NO_SPREAD = Convergence(0.0, 0.0, "no convergence spread")
+
+
 @dataclass(frozen=True)
 class Interval(Generic[P]):
     """The central projection, its range over the assumptions, and the one assumption that moves time-to-train
@@ -56,6 +94,9 @@ class Interval(Generic[P]):
     time_to_train_min: tuple[float, float]
     most_sensitive: str | None  # None where no assumption moves it (the layout the constants are fitted to)
     sensitive_time_to_train_min: tuple[float, float]  # time-to-train at that assumption's low and high end
+    evidence: Evidence | None = None  # set where widened() sized the ranges to COVERAGE
+    convergence: Convergence = NO_SPREAD
+    assumed: tuple[tuple[float, float], tuple[float, float]] | None = None  # widened(): the assumptions' ranges
 
 
 Refit = Callable[[C], C | None]  # None: the in-sample results leave no physical fit
@@ -110,9 +151,28 @@ def interval(
     )
 
 
+def widened(spread: Interval[P], evidence: Evidence, convergence: Convergence | None = None) -> Interval[P]:
+    """The assumptions' ranges widened to hold COVERAGE of real outcomes: throughput by the model's leave-one-out
+    half-width; time to train by that half-width and the convergence spread (`spread`'s own where not given)
+    together, in quadrature (independent errors, each sized to the same coverage)."""
+    convergence = spread.convergence if convergence is None else convergence
+    low, high = spread.throughput_img_s
+    fastest, slowest = spread.time_to_train_min
+    below = math.hypot(evidence.time_to_train, convergence.below)
+    above = math.hypot(evidence.time_to_train, convergence.above)
+    return dataclasses.replace(
+        spread,
+        throughput_img_s=(low * (1 - evidence.throughput), high * (1 + evidence.throughput)),
+        time_to_train_min=(fastest * (1 - below), slowest * (1 + above)),
+        evidence=evidence,
+        convergence=convergence,
+        assumed=(spread.throughput_img_s, spread.time_to_train_min),
+    )
+
+
 def figures(interval: Interval[P]) -> dict[str, object]:
     """The central throughput and time-to-train and their ranges, rounded for a JSON line."""
-    central = interval.central
+    central, evidence, convergence = interval.central, interval.evidence, interval.convergence
     return {
         "throughput_img_s": round(central.throughput_img_s, 1),
         "throughput_img_s_range": [round(value, 1) for value in interval.throughput_img_s],
@@ -120,7 +180,14 @@ def figures(interval: Interval[P]) -> dict[str, object]:
         "time_to_train_min": round(central.time_to_train_min, 3),
         "time_to_train_min_range": [round(value, 3) for value in interval.time_to_train_min],
         "most_sensitive": interval.most_sensitive,
+        "coverage": COVERAGE,
+        "model_error_pct": None if evidence is None else [round(100 * e, 2) for e in evidence_pair(evidence)],
+        "convergence_pct": [round(-100 * convergence.below, 2), round(100 * convergence.above, 2)],
     }
+
+
+def evidence_pair(evidence: Evidence) -> tuple[float, float]:
+    return evidence.throughput, evidence.time_to_train
 
 
 def describe(name: str, assumption: Assumption, value: float) -> str:
@@ -148,34 +215,52 @@ def column(low: float, high: float, shown: Callable[[float], str]) -> str:
 FIXED = 'a range "fixed": no assumed constant moves the figure (the steady epochs it was fitted to fix it)'
 
 
-def headline(interval: Interval[P], epochs: int) -> str:
-    """The answer first, for a reader new to IPUs: time to train and throughput, each with its range and what the
-    range comes from (docs/ipu_sim.md explains the terms of the breakdown below it)."""
+def headline(interval: Interval[P], epochs: str) -> str:
+    """The answer first, in one line a planner reads: the time to train for `epochs` and the throughput, and the
+    ranges COVERAGE of real results should land in (widened(): the model's error off its fit, where runs stop, the
+    assumed constants)."""
     ttt, rate = interval.central.time_to_train_min, interval.central.throughput_img_s
-    if interval.most_sensitive is None:
-        return (
-            f"projected time to train ({epochs} epochs): {ttt:.2f} min at {rate:,.0f} img/s; no range: the constants"
-            " are fitted to this very layout, so no assumption moves it"
-        )
-    minutes = span(*interval.time_to_train_min, "{:.2f}".format)
-    rates = span(*interval.throughput_img_s, "{:,.0f}".format)
+    (fastest, slowest), (low, high) = interval.time_to_train_min, interval.throughput_img_s
     return (
-        f"projected time to train ({epochs} epochs): {ttt:.2f} min ({minutes}) at {rate:,.0f} img/s ({rates});"
-        f" the ranges span the assumed constants, of which {interval.most_sensitive} moves it most"
+        f"projected time to train ({epochs}): {ttt:.2f} min at {rate:,.0f} img/s;"
+        f" {100 * COVERAGE:.0f} % of real results should land in {fastest:.2f} to {slowest:.2f} min"
+        f" and {low:,.0f} to {high:,.0f} img/s"
     )
 
 
 def report(interval: Interval[P], central: C, assumptions: Mapping[str, Assumption]) -> str:
-    """The ranges, as run.mode=project prints them under the central projection."""
-    name, (low, high) = interval.most_sensitive, interval.sensitive_time_to_train_min
+    """The ranges and what they hold, as run.mode=project prints them under the central projection: the model's
+    error off its fit, where runs stop, and the assumed constants, the one that moves time to train most named."""
     rate, ttt = interval.central.throughput_img_s, interval.central.time_to_train_min
     rates = span(*interval.throughput_img_s, "{:,.0f}".format)
     minutes = span(*interval.time_to_train_min, "{:.3f}".format)
-    ranges = f"over the assumed ranges: throughput {rate:,.0f} img/s ({rates}), time to train {ttt:.3f} min ({minutes})"
+    lines = [f"ranges ({100 * COVERAGE:.0f} % of results): throughput {rate:,.0f} img/s ({rates}), time to train"]
+    lines[0] += f" {ttt:.3f} min ({minutes})"
+    if interval.evidence is not None:
+        evidence = interval.evidence
+        lines.append(
+            f"  the model's error off its fit: +-{100 * evidence.throughput:.1f} % throughput,"
+            f" +-{100 * evidence.time_to_train:.1f} % time to train ({evidence.source})"
+        )
+    convergence = interval.convergence
+    if convergence != NO_SPREAD:
+        lines.append(
+            f"  where five runs stop: -{100 * convergence.below:.1f} to +{100 * convergence.above:.1f} % of time to"
+            f" train, as {convergence.source} converge"
+        )
+    (slowest, fastest), (shortest, longest) = interval.assumed or (
+        interval.throughput_img_s,
+        interval.time_to_train_min,
+    )
+    rates, minutes = span(slowest, fastest, "{:,.0f} img/s".format), span(shortest, longest, "{:.3f} min".format)
+    lines.append(f"  the assumed constants alone: throughput {rates}, time to train {minutes}")
+    name, (low, high) = interval.most_sensitive, interval.sensitive_time_to_train_min
     if name is None:
-        return f"{ranges}\nno assumption moves it: this is the layout the constants are fitted to"
-    swing = f"most sensitive to {describe(name, assumptions[name], getattr(central, name))}"
-    return f"{ranges}\n{swing}: time to train {low:.3f} to {high:.3f} min alone; {assumptions[name].reason}"
+        lines.append("no assumption moves it: this is the layout the constants are fitted to")
+    else:
+        swing = f"most sensitive to {describe(name, assumptions[name], getattr(central, name))}"
+        lines.append(f"{swing}: time to train {low:.3f} to {high:.3f} min alone; {assumptions[name].reason}")
+    return "\n".join(lines)
 
 
 def reach(beyond: list[str]) -> str:

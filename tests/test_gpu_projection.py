@@ -16,7 +16,7 @@ from projection.gpu.calibrate import IN_SAMPLE
 from projection.gpu.cost import Layout
 from projection.gpu.measured import read_check
 from projection.mode import gpu_projection, project
-from projection.run import Schedule, first_evaluation_from, reference_epochs
+from projection.run import Schedule
 from tests.conftest import chosen_experiment, composed, run_train
 
 DEVICES = ("dgx_a100", "dgx_h100", "dgx_h200", "pcie_l40s")
@@ -93,15 +93,6 @@ def test_an_evaluation_takes_less_time_on_more_gpus(fitted):
     assert times == sorted(times, reverse=True) and times[-1] < times[0] / 10
 
 
-def test_the_epochs_are_mlperfs_reference_convergence_point_at_the_next_evaluation():
-    assert reference_epochs(3264, 3, 4).count == 35  # RCP mean 35.15: NVIDIA's DGX runs stopped at epoch 35
-    larger = reference_epochs(20480, 2, 4)  # RCP mean 47.3, interpolated; evaluations at 2, 6, ..., 46, 50
-    assert larger.count == 50 and "interpolated between 3,264 and 32,768" in larger.source
-    assert first_evaluation_from(36, 3, 4) == 39 and first_evaluation_from(2, 3, 4) == 3
-    with pytest.raises(ConfigError, match="above MLPerf's largest reference convergence point"):
-        reference_epochs(100_000, 4, 4)
-
-
 @pytest.mark.parametrize("device", DEVICES)
 def test_every_gpu_cluster_projects_with_the_ipu_reports_keys(device):
     cfg = composed("run.mode=project", "experiment=imagenet", f"device={device}", "device.nodes=2")
@@ -112,7 +103,7 @@ def test_every_gpu_cluster_projects_with_the_ipu_reports_keys(device):
     low, high = figures["time_to_train_min_range"]
     assert low < figures["time_to_train_min"] < high  # the assumptions move every cluster's time to train
     assert bool(figures["beyond_calibration"]) == (device in ("dgx_h200", "pcie_l40s"))  # their GPUs are not fitted
-    assert "MLPerf's reference convergence point for global batch 3,264" in text
+    assert "as MLPerf's reference runs for global batch 3,264 (its RCP) in mlperf-logging" in text
     for term in ("all-reduce within each node", "all-reduce across nodes", "optimizer (LARS)", "host feed"):
         assert term in text
 
@@ -131,7 +122,7 @@ def test_the_command_line_projects_a_cluster_and_keeps_it(tmp_path, cache_dir):
     assert result.returncode == 0, result.stderr
     figures = json.loads(result.stdout.strip().splitlines()[-1])
     assert json.loads((tmp_path / "projection.json").read_text()) == figures
-    assert "epochs: 35 epochs (run.max_epochs)" in result.stdout
+    assert "epochs: 35 (run.max_epochs); a real run stops at the first evaluation after it converges" in result.stdout
     assert figures["time_to_train_min"] == pytest.approx(2.664, rel=0.03)  # the in-sample dgxh100_n8
     assert figures["beyond_calibration"] == []
 
@@ -170,7 +161,10 @@ def test_a_projection_of_the_embedded_set_names_it_and_says_it_is_not_imagenet(f
         "not ImageNet: an epoch here is the embedded set's 1,000 images, not ImageNet's 1,281,167; add"
         " experiment=imagenet to project ImageNet",
     ]
-    assert lines[2].startswith("projected time to train (35 epochs): ")
+    assert lines[2].startswith("projected time to train (") and "five runs' olympic mean" in lines[2]
+    assert any(
+        "MLPerf's reference runs for global batch 64 (the smallest RCP's, batch 1,632)" in line for line in lines
+    )
     named = {"dataset": "synthetic", "train_images": 1000, "experiment": "embedded", "global_batch": 64}
     assert named.items() <= json.loads(lines[-1]).items()
 

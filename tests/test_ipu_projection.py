@@ -122,7 +122,11 @@ def test_a_pod256_recipe_is_projected_with_its_ranges_and_kept(tmp_path, capsys)
     assert named_first == (
         "projecting ImageNet (1,281,167 training images), recipe experiment=mlperf_bow_pod256, global batch 10,240"
     )
-    answer = re.fullmatch(r"projected time to train \(45 epochs\): (\S+) min \((\S+) to (\S+)\) at .+", first)
+    answer = re.fullmatch(
+        r"projected time to train \(45 epochs\): (\S+) min at \S+ img/s; 80 % of real results should land in (\S+) to"
+        r" (\S+) min and .+ img/s",
+        first,
+    )
     assert answer, first  # the answer first, with its range
     expected = [figures["time_to_train_min"], *figures["time_to_train_min_range"]]
     assert [float(value) for value in answer.groups()] == pytest.approx(expected, abs=0.006)

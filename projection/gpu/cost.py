@@ -10,6 +10,8 @@ Horovod over NCCL). A step is, one after another:
               "no NCCL and BWD overlap" in the configs), by NCCL: within a node over NVLink (or PCIe), across
               nodes each GPU's shard over its own InfiniBand rail, by ring or tree, or reduced in the switches;
   optimizer   LARS over every parameter (its fp32 master weights and momentum read and written);
+  straggler   the wait for the slowest GPU: the all-reduce holds every GPU until the last one's gradients are in,
+              and host noise delays each GPU's step by a random amount, so the step is the slowest of N;
 and the host's decoding, which overlaps them, binds only where it is slower. Around the steps a run trains its
 epochs in blocks that end in an evaluation on all GPUs, the first epochs slower while everything warms up.
 """
@@ -18,6 +20,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import cache
+
+from scipy.special import digamma
 
 from projection.gpu.config import Cluster
 from projection.profile import ModelProfile
@@ -30,21 +35,23 @@ class Constants:
     the in-sample systems' steady epochs, evaluations and times to train; the rest are measured in their logs or
     assumed, each with its range and reason in ASSUMPTIONS (projection/gpu/calibrate.py)."""
 
-    compute_efficiency: float = 0.6035  # fraction of the tensor-core peak the model's FLOPs reach; fitted
+    compute_efficiency: float = 0.6024  # fraction of the tensor-core peak the model's FLOPs reach; fitted
     traffic_fraction: float = 0.5797  # of the probe's unfused memory traffic, what fused kernels still move; fitted
-    step_floor_s: float = 3.167e-3  # per step whatever the batch, on a GPU clocked as the H100: kernel latencies and
+    step_floor_s: float = 3.115e-3  # per step whatever the batch, on a GPU clocked as the H100: kernel latencies and
     # tails; fitted
     floor_clock_exponent: float = 0.5  # the floor scales as (H100's clock / the GPU's) ** this: 0 if host-bound
     # (launches, syncs), 1 if every latency is GPU cycles
-    eval_image_factor: float = 1.646  # an evaluated image's time over a training forward pass's; fitted
-    eval_overhead_s: float = 5.84e-3  # per evaluation beyond its images; fitted
-    nvlink_efficiency: float = 0.8  # NCCL's bus bandwidth over the NVLink (or PCIe) line rate
+    eval_image_factor: float = 1.608  # an evaluated image's time over a training forward pass's; fitted
+    eval_overhead_s: float = 4.271e-3  # per evaluation beyond its images and reductions; fitted
+    nvlink_efficiency: float = 0.8  # NCCL's bus bandwidth over the NVLink line rate
+    pcie_efficiency: float = 0.6  # NCCL's bus bandwidth over the PCIe line rate, where GPUs meet over PCIe only
     nvlink_latency_s: float = 3e-6  # per ring step within a node
     fabric_efficiency: float = 0.8  # NCCL's bus bandwidth over the InfiniBand line rate
     fabric_latency_s: float = 8e-6  # per ring or tree step between nodes, or per switch level reducing in-network
+    step_jitter_s: float = 10e-6  # a GPU's mean delay a step from host noise (exponential tail): the straggler
     loader_img_s_per_core: float = 1000.0  # a host core's share of decoding (DALI with nvJPEG, hardware decoders)
     start_s: float = 0.8  # run_start to the first step
-    warmup_epochs: float = 0.9047  # the first epochs' warm-up beyond steady ones, in epochs; its centre fitted
+    warmup_epochs: float = 0.9017  # the first epochs' warm-up beyond steady ones, in epochs; its centre fitted
     first_eval_extra_s: float = 0.294  # the first evaluation over a later one
 
 
@@ -83,11 +90,12 @@ class StepTime:
     allreduce_node_s: float  # within each node, over NVLink (or PCIe)
     allreduce_fabric_s: float  # across nodes, over InfiniBand (0 on one node)
     optimizer_s: float
+    straggler_s: float  # waiting for the slowest GPU beyond a GPU's mean step
     host_feed_s: float  # each node's hosts decoding its GPUs' images, overlapped
 
     @property
     def device_s(self) -> float:
-        return self.compute_s + self.allreduce_node_s + self.allreduce_fabric_s + self.optimizer_s
+        return self.compute_s + self.allreduce_node_s + self.allreduce_fabric_s + self.optimizer_s + self.straggler_s
 
     @property
     def total_s(self) -> float:
@@ -163,20 +171,23 @@ def ring_s(nbytes: float, ranks: int, bandwidth: float, latency_s: float) -> flo
 
 
 def node_bandwidth(cluster: Cluster, constants: Constants) -> float:
-    """What one GPU reaches to its node's others: NVLink through NVSwitch, or PCIe where there is none."""
-    line = cluster.gpu.nvlink_bandwidth or cluster.gpu.pcie_bandwidth
-    return line * constants.nvlink_efficiency
+    """What one GPU reaches to its node's others: NVLink through NVSwitch, or, where there is none, PCIe, which NCCL
+    drives further below its line rate (between GPUs on the CPU's root ports it stages every byte in host memory)."""
+    if cluster.gpu.nvlink_bandwidth:
+        return cluster.gpu.nvlink_bandwidth * constants.nvlink_efficiency
+    return cluster.gpu.pcie_bandwidth * constants.pcie_efficiency
+
+
+def node_ring_s(nbytes: float, cluster: Cluster, layout: Layout, constants: Constants) -> float:
+    """Within each node, one ring's worth of `nbytes`: the whole all-reduce on one node; on several, the
+    reduce-scatter before the fabric phase and the all-gather after it."""
+    bandwidth = node_bandwidth(cluster, constants)
+    return ring_s(nbytes, layout.gpus_per_node, bandwidth, constants.nvlink_latency_s)
 
 
 def allreduce_node_s(profile: ModelProfile, cluster: Cluster, layout: Layout, constants: Constants) -> float:
-    """Within each node, one ring's worth: the whole all-reduce on one node; on several, the reduce-scatter before
-    the fabric phase and the all-gather after it."""
-    return ring_s(
-        profile.param_count * GRADIENT_BYTES,
-        layout.gpus_per_node,
-        node_bandwidth(cluster, constants),
-        constants.nvlink_latency_s,
-    )
+    """The gradients' all-reduce within each node."""
+    return node_ring_s(profile.param_count * GRADIENT_BYTES, cluster, layout, constants)
 
 
 def fabric_algorithms(cluster: Cluster, layout: Layout, constants: Constants, shard: float) -> dict[str, float]:
@@ -194,17 +205,47 @@ def fabric_algorithms(cluster: Cluster, layout: Layout, constants: Constants, sh
     return times
 
 
-def allreduce_fabric(
-    profile: ModelProfile, cluster: Cluster, layout: Layout, constants: Constants
-) -> tuple[str, float]:
-    """The fastest way across the nodes (NCCL's tuner picks by its own model of the same terms): ("none", 0) on one
-    node."""
+def fastest_across_nodes(cluster: Cluster, layout: Layout, constants: Constants, shard: float) -> tuple[str, float]:
+    """The fastest way to all-reduce a GPU's `shard` across the nodes (NCCL's tuner picks by its own model of the same
+    terms): ("none", 0) on one node."""
     if layout.nodes == 1:
         return "none", 0.0
-    shard = profile.param_count * GRADIENT_BYTES / layout.gpus_per_node
     times = fabric_algorithms(cluster, layout, constants, shard)
     fastest = min(times, key=times.__getitem__)
     return fastest, times[fastest]
+
+
+def allreduce_fabric(
+    profile: ModelProfile, cluster: Cluster, layout: Layout, constants: Constants
+) -> tuple[str, float]:
+    """How the gradients cross the nodes, and the time: each GPU's shard after the reduce-scatter within its node."""
+    shard = profile.param_count * GRADIENT_BYTES / layout.gpus_per_node
+    return fastest_across_nodes(cluster, layout, constants, shard)
+
+
+def reduction_s(cluster: Cluster, layout: Layout, constants: Constants) -> float:
+    """An all-reduce over every GPU of a few numbers (an evaluation's BatchNorm statistics, its counts of correct
+    images): latency alone, the fastest way's steps within and across the nodes."""
+    return node_ring_s(0.0, cluster, layout, constants) + fastest_across_nodes(cluster, layout, constants, 0.0)[1]
+
+
+EULER_GAMMA = 0.5772156649015329
+
+
+@cache
+def slowest_of(gpus: int) -> float:
+    """The expected wait for the slowest of `gpus` independent, exponentially distributed delays, beyond one GPU's
+    mean delay, in means: the harmonic number H(n) - 1, about ln n - 0.42 (digamma(n + 1) + Euler's gamma = H(n))."""
+    return float(digamma(gpus + 1)) + EULER_GAMMA - 1
+
+
+def straggler_s(layout: Layout, constants: Constants) -> float:
+    """What a step waits for its slowest GPU beyond one GPU's mean delay. Host noise (interrupts, daemons, the
+    framework's and the loader's threads) delays each GPU's step by a random amount, mean `step_jitter_s`; the
+    all-reduce that ends the step waits for the last GPU. An exponential tail (rare, long delays) makes the wait
+    grow as ln N: Petrini et al., "The Case of the Missing Supercomputer Performance" (SC 2003); Hoefler et al.,
+    "Characterizing the Influence of System Noise on Large-Scale Applications by Simulation" (SC 2010)."""
+    return constants.step_jitter_s * slowest_of(layout.gpus)
 
 
 def optimizer_s(profile: ModelProfile, cluster: Cluster) -> float:
@@ -231,20 +272,31 @@ def step_time(
         allreduce_node_s=allreduce_node_s(profile, cluster, layout, constants),
         allreduce_fabric_s=fabric,
         optimizer_s=optimizer_s(profile, cluster),
+        straggler_s=straggler_s(layout, constants),
         host_feed_s=host_feed_s(cluster, layout, constants),
     )
     return step, algorithm
 
 
+def eval_images_per_gpu(layout: Layout, schedule: Schedule) -> int:
+    """The validation images each GPU computes: its shard of them in whole batches of the training batch, the last
+    padded with repeats (NVIDIA's validation pipeline: mlcommons/training_results_v3.0,
+    NVIDIA/benchmarks/resnet/implementations/mxnet/common/dali.py, HybridValPipe at the training batch,
+    last_batch_padded)."""
+    shard = math.ceil(schedule.eval_images / layout.gpus)
+    return math.ceil(shard / layout.batch) * layout.batch
+
+
 def evaluation_s(
     profile: ModelProfile, cluster: Cluster, layout: Layout, constants: Constants, schedule: Schedule
 ) -> float:
-    """One evaluation: the validation images spread over every GPU, each at `eval_image_factor` times a training
-    forward pass (the evaluation runs outside the training step's CUDA graph, on its own pipeline), and a fixed cost
-    (the switch to evaluation, the accuracy reduced over all GPUs)."""
-    images_per_gpu = math.ceil(schedule.eval_images / layout.gpus)
+    """One evaluation: each GPU's padded shard of the validation images, each at `eval_image_factor` times a training
+    forward pass (the evaluation runs outside the training step's CUDA graph, on its own pipeline), a fixed cost
+    (the switch to evaluation and back), and two reductions over every GPU (the same implementation's
+    common/fit.py: the BatchNorm running statistics before, the counts of correct images after)."""
     forward = image_s(profile, cluster, constants, forward_only=True)
-    return constants.eval_overhead_s + images_per_gpu * constants.eval_image_factor * forward
+    images = eval_images_per_gpu(layout, schedule) * constants.eval_image_factor * forward
+    return constants.eval_overhead_s + 2 * reduction_s(cluster, layout, constants) + images
 
 
 def project(

@@ -4,14 +4,16 @@ component, how far the run reaches beyond the calibrated systems, and one JSON l
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
-from projection import uncertainty
+from projection import convergence, uncertainty
+from projection.convergence import Epochs
 from projection.gpu import calibrate
 from projection.gpu.config import Cluster
 from projection.gpu.cost import Constants, Layout, MeasuredStep, Projection, project
 from projection.gpu.measured import Check
-from projection.run import Epochs, Schedule
+from projection.run import Schedule
 from projection.uncertainty import Interval
 
 
@@ -27,20 +29,26 @@ def projection_report(
     fit = calibrate.calibrated()
     measured = None if check is None else check.step
 
-    def at(constants: Constants) -> Projection:
-        return project(fit.profile, cluster, layout, constants, schedule, measured)
+    def at(constants: Constants, run: Schedule = schedule) -> Projection:
+        return project(fit.profile, cluster, layout, constants, run, measured)
+
+    def minutes(stop: int) -> float:
+        """The time to train of a run that stops at epoch `stop`."""
+        return at(fit.central, dataclasses.replace(schedule, epochs=stop)).time_to_train_min
 
     spread = uncertainty.interval(at, fit.refit, fit.central, calibrate.ASSUMPTIONS)
+    scored = convergence.scored(spread, epochs.stops, minutes, epochs.fixed)
+    spread = uncertainty.widened(scored, calibrate.evidence())
     beyond = beyond_calibration(cluster, layout, spread.central, measured)
     return "\n".join(
         [
-            uncertainty.headline(spread, epochs.count) + "\n",
+            uncertainty.headline(spread, epochs.said()) + "\n",
             system_line(cluster, layout),
             f"epochs: {epochs.source}",
             f"compute: {compute_source(measured)}",
             *input_lines(check),
             "",
-            breakdown(spread.central, layout, epochs.count),
+            breakdown(spread.central, layout, epochs),
             uncertainty.report(spread, fit.central, calibrate.ASSUMPTIONS),
             uncertainty.reach(beyond),
             json.dumps(figures(spread, layout) | {"beyond_calibration": beyond} | fed_figures(check)),
@@ -86,8 +94,8 @@ def fed_figures(check: Check | None) -> dict[str, object]:
     return {} if check is None else {"end_to_end_img_s": check.fed.img_s}
 
 
-def breakdown(projection: Projection, layout: Layout, epochs: int) -> str:
-    """The step time by component, then the epoch, the evaluations and the time to train."""
+def breakdown(projection: Projection, layout: Layout, epochs: Epochs) -> str:
+    """The step time by component, then the epoch, the evaluations (at `epochs.count`) and the time to train."""
     step = projection.step
     across = f"all-reduce across nodes ({projection.fabric_algorithm})"
     terms = {
@@ -95,6 +103,7 @@ def breakdown(projection: Projection, layout: Layout, epochs: int) -> str:
         "all-reduce within each node": step.allreduce_node_s,
         across: step.allreduce_fabric_s,
         "optimizer (LARS)": step.optimizer_s,
+        "waiting for the slowest GPU": step.straggler_s,
     }
     lines = [f"step time, ms (global batch {layout.global_batch:,})"]
     lines += [f"  {name:<40}{1e3 * seconds:>10.3f}" for name, seconds in terms.items()]
@@ -104,8 +113,9 @@ def breakdown(projection: Projection, layout: Layout, epochs: int) -> str:
     lines += [
         f"throughput {projection.throughput_img_s:,.0f} img/s ({bound}; MLPerf's: a steady block of epochs and its"
         " evaluation)",
-        f"epoch {projection.epoch_s:.2f} s; evaluation {projection.eval_s:.3f} s, {projection.evaluations} of them",
-        f"time to train ({epochs} epochs) {projection.time_to_train_min:.3f} min",
+        f"epoch {projection.epoch_s:.2f} s; evaluation {projection.eval_s:.3f} s, {projection.evaluations} of them"
+        f" in {epochs.count} epochs",
+        f"time to train ({epochs.said()}) {projection.time_to_train_min:.3f} min",
     ]
     return "\n".join(lines)
 

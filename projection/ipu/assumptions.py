@@ -27,6 +27,12 @@ ASSUMPTIONS: dict[str, Assumption] = {
         "",
         "in-sample runs span at most 2 POD64s: from a crossing that does not multiply (0) to a cost per ring step (1)",
     ),
+    "update_cycles_share": Assumption(
+        0.0,
+        1.0,
+        "%",
+        "of the update program's fixed cost fitted on the GC200: none (seconds) to all (28 % less at the Bow's clock)",
+    ),
     "sync_s": Assumption(0.3e-6, 5e-6, "us", "Sync-Links carry BSP syncs in hardware; gc-hostsynclatencytest: ~0.3 us"),
     "gateway_sync_s": Assumption(
         4e-6, 40e-6, "us", "a sync spanning POD64s is packetised over GW-Links: a RoCE round trip, not a Sync-Link"
@@ -70,9 +76,10 @@ ASSUMPTIONS: dict[str, Assumption] = {
     ),
     "broadcast_s_per_instance": Assumption(
         14.5e-3,
-        18.9e-3,
+        23.1e-3,
         "ms",
-        "v1.1 logs: the gap between evaluations over the other instances (POD64 14.5, POD16 16.6, POD128 18.9 ms)",
+        "v1.1 logs: the gap between evaluations over the other instances (POD64 14.5, POD16 16.6, POD128 18.9 ms),"
+        " up to what each of POD128's 32 instances beyond POD64's added (0.739 s)",
         additive=True,
     ),
 }

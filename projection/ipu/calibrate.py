@@ -11,7 +11,13 @@ A steady epoch is a logged epoch with no checkpoint in it or before it (median o
 and evaluation costs are read off the same logs (projection/ipu/assumptions.py). IPU-POD256 and every Bow system
 are held out: no constant or range is taken from them.
 
-    python -m projection.ipu.calibrate             # the fit, the in-sample residuals, one JSON line
+Leave-one-out: each in-sample system projected from a fit to the other two, its own results unseen, with the range it
+would have been given. Two systems leave one constant unidentified, held at a prior from the hardware (PRIORS):
+without POD128 the gateway's efficiency; without POD16 or POD64 the update overhead (one run within a POD64 cannot
+split it from the per-micro-batch cost), the efficiency then from the one left and the gateway from POD128. The three
+errors size every IPU projection's ranges (evidence(): a Student t prediction interval holding COVERAGE).
+
+    python -m projection.ipu.calibrate             # the fit, the in-sample residuals, leave-one-out, one JSON line
     python -m projection.ipu.calibrate --scaling   # 16 to 256 IPUs of both chips, each term's share
 """
 
@@ -20,13 +26,14 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-from collections.abc import Mapping
+import statistics
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache, partial
 
 from backends.ipu_sim.config import System
 from models import batchnorm, build_resnet50
-from projection.calibration import compared, constants_table, device_section, print_table_end
+from projection.calibration import compared, constants_table, device_section, error, print_table_end
 from projection.ipu.assumptions import ASSUMPTIONS
 from projection.ipu.cost import (
     Constants,
@@ -34,6 +41,7 @@ from projection.ipu.cost import (
     RunShape,
     eval_image_s,
     host_calls_per_epoch,
+    pods,
     project,
     step_time,
 )
@@ -41,13 +49,16 @@ from projection.ipu.plan import Layout, plan_run
 from projection.profile import ModelProfile
 from projection.run import Schedule
 from projection.uncertainty import (
-    FIXED,
+    COVERAGE,
     Assumption,
+    Evidence,
     Interval,
     Refit,
     column,
     figures,
     interval,
+    prediction_half_width,
+    widened,
 )
 
 
@@ -105,9 +116,11 @@ def per_update_s(profile: ModelProfile, system: System, published: Published, co
     return step_time(profile, system, published.shape, constants).device_s
 
 
-def device_bound(profile: ModelProfile, systems: Mapping[str, System], constants: Constants) -> bool:
-    """Whether every in-sample run is bound by its IPUs, not by its hosts' feed, as the logs' rates imply."""
-    steps = (step_time(profile, systems[p.system], p.shape, constants) for p in IN_SAMPLE)
+def device_bound(
+    profile: ModelProfile, systems: Mapping[str, System], constants: Constants, fitted_on: Sequence[Published]
+) -> bool:
+    """Whether every run fitted on is bound by its IPUs, not by its hosts' feed, as the logs' rates imply."""
+    steps = (step_time(profile, systems[p.system], p.shape, constants) for p in fitted_on)
     return all(step.device_s >= step.host_feed_s for step in steps)
 
 
@@ -117,64 +130,140 @@ def target_s(published: Published) -> float:
     return published.steady_epoch_s / (host_calls_per_epoch(published.schedule, shape) * shape.device_iterations)
 
 
-def fit_step(profile: ModelProfile, systems: Mapping[str, System], assumed: Constants) -> Constants | None:
-    """compute_efficiency and update_overhead_s from POD16 and POD64 in closed form (the step is linear in
-    1/efficiency and in the overhead while compute-bound), then gateway_efficiency from POD128 (linear in its inverse).
-    None where the assumed constants leave no physical fit (efficiency outside (0, 1], a negative overhead)."""
+@dataclass(frozen=True)
+class Prior:
+    """A fitted constant's value where the systems a fit is given leave it unidentified (leave-one-out), and why."""
+
+    value: float
+    reason: str
+
+
+# Set before any leave-one-out fit was seen, from the hardware alone; none is taken from a published result.
+PRIORS = {
+    "update_overhead_s": Prior(
+        1.6e-3,
+        "ResNet-50's 161 parameter tensors x 10 LARS compute sets each (two norms, the trust ratio, momentum, weight)"
+        " x 1 us a compute set (its sync, a small exchange and the vertices' launch: about 1,300 cycles)",
+    ),
+    "gateway_efficiency": Prior(
+        0.5,
+        "half the GW-Links' line rate: a RoCE collective of sub-MB shards, through a PCIe Gen4 x8 hop each way",
+    ),
+}
+
+
+def spans_pods(systems: Mapping[str, System], published: Published) -> bool:
+    """Whether the published run spans more than one POD64, and so pays the cross-POD phase."""
+    return pods(systems[published.system], published.shape, 1) > 1
+
+
+def fit_step(
+    profile: ModelProfile,
+    systems: Mapping[str, System],
+    assumed: Constants,
+    fitted_on: Sequence[Published] = IN_SAMPLE,
+) -> Constants | None:
+    """compute_efficiency and update_overhead_s from two runs within a POD64 (POD16's 10 micro-batches an update
+    against POD64's 3), or with one, the overhead at its prior and the efficiency from that one; then
+    gateway_efficiency from the run that spans POD64s, or at its prior without one. None where the assumed constants
+    leave no physical fit (efficiency outside (0, 1], a negative overhead, a host-bound run)."""
+    within = [published for published in fitted_on if not spans_pods(systems, published)]
+    across = [published for published in fitted_on if spans_pods(systems, published)]
+    if len(within) == 2:
+        fitted = fit_compute_and_overhead(profile, systems, assumed, *within)
+    else:
+        (alone,) = within
+        prior = dataclasses.replace(assumed, update_overhead_s=PRIORS["update_overhead_s"].value)
+        fitted = fit_compute(profile, systems, prior, alone)
+    if fitted is None:
+        return None
+    if across:
+        (spanning,) = across
+        efficiency = fit_gateway(profile, systems[spanning.system], spanning, fitted)
+    else:
+        efficiency = PRIORS["gateway_efficiency"].value
+    if efficiency is None:
+        return None
+    fitted = dataclasses.replace(fitted, gateway_efficiency=efficiency)
+    return fitted if device_bound(profile, systems, fitted, fitted_on) else None
+
+
+def fit_compute_and_overhead(
+    profile: ModelProfile, systems: Mapping[str, System], assumed: Constants, first: Published, second: Published
+) -> Constants | None:
+    """compute_efficiency and update_overhead_s in closed form from two runs of different accumulation within a
+    POD64: the step is linear in 1/efficiency and in the overhead while compute-bound."""
 
     def at(published: Published, inverse_efficiency: float, overhead: float) -> float:
         trial = dataclasses.replace(assumed, compute_efficiency=1 / inverse_efficiency, update_overhead_s=overhead)
         return per_update_s(profile, systems[published.system], published, trial)
 
     rows = []
-    for published in (POD16, POD64):
+    for published in (first, second):
         base, doubled = at(published, 1.0, 0.0), at(published, 2.0, 0.0)
         rows.append((doubled - base, 2 * base - doubled, target_s(published)))
-    (slope16, rest16, t16), (slope64, rest64, t64) = rows
-    inverse_efficiency = (t16 - t64 - rest16 + rest64) / (slope16 - slope64)
-    overhead = t16 - slope16 * inverse_efficiency - rest16
+    (slope1, rest1, t1), (slope2, rest2, t2) = rows
+    inverse_efficiency = (t1 - t2 - rest1 + rest2) / (slope1 - slope2)
+    overhead = t1 - slope1 * inverse_efficiency - rest1
     if inverse_efficiency < 1 or overhead < 0:
         return None
-    fitted = dataclasses.replace(assumed, compute_efficiency=1 / inverse_efficiency, update_overhead_s=overhead)
-    efficiency = fit_gateway(profile, systems[POD128.system], fitted)
-    if efficiency is None:
-        return None
-    fitted = dataclasses.replace(fitted, gateway_efficiency=efficiency)
-    return fitted if device_bound(profile, systems, fitted) else None
+    return dataclasses.replace(assumed, compute_efficiency=1 / inverse_efficiency, update_overhead_s=overhead)
 
 
-def fit_gateway(profile: ModelProfile, system: System, constants: Constants) -> float | None:
-    """The GW-Link efficiency at which POD128's update takes its logged time, in closed form: the update is
+def fit_compute(
+    profile: ModelProfile, systems: Mapping[str, System], assumed: Constants, published: Published
+) -> Constants | None:
+    """compute_efficiency alone from one run, the overhead given: the update is linear in 1/efficiency."""
+
+    def update(inverse: float) -> float:
+        trial = dataclasses.replace(assumed, compute_efficiency=1 / inverse)
+        return per_update_s(profile, systems[published.system], published, trial)
+
+    at_peak = update(1.0)
+    inverse = 1 + (target_s(published) - at_peak) / (update(2.0) - at_peak)
+    return dataclasses.replace(assumed, compute_efficiency=1 / inverse) if inverse >= 1 else None
+
+
+def fit_gateway(profile: ModelProfile, system: System, published: Published, constants: Constants) -> float | None:
+    """The GW-Link efficiency at which the run spanning POD64s takes its logged update, in closed form: the update is
     linear in 1 / efficiency (only the cross-POD phase's bandwidth term depends on it). None outside 1e-4 to 1:
     even line rate too slow, or no efficiency above 1e-4 slows it enough."""
 
     def update(inverse: float) -> float:
         efficiency = dataclasses.replace(constants, gateway_efficiency=1 / inverse)
-        return per_update_s(profile, system, POD128, efficiency)
+        return per_update_s(profile, system, published, efficiency)
 
     at_line_rate, slope = update(1.0), update(2.0) - update(1.0)
     if slope <= 0:
         return None
-    inverse = 1 + (target_s(POD128) - at_line_rate) / slope
+    inverse = 1 + (target_s(published) - at_line_rate) / slope
     return 1 / inverse if 1.0 <= inverse <= 1e4 else None
 
 
-def fit_eval_overhead(profile: ModelProfile, systems: Mapping[str, System], constants: Constants) -> float:
-    """The mean, over the in-sample systems, of a logged evaluation less its forward passes."""
+def fit_eval_overhead(
+    profile: ModelProfile, systems: Mapping[str, System], constants: Constants, fitted_on: Sequence[Published]
+) -> float:
+    """The mean, over the runs fitted on, of a logged evaluation less its forward passes."""
     residuals = [
         published.evaluation_s
         - published.schedule.eval_images * eval_image_s(profile, systems[published.system], published.shape, constants)
-        for published in IN_SAMPLE
+        for published in fitted_on
     ]
     return sum(residuals) / len(residuals)
 
 
-def fit(profile: ModelProfile, systems: Mapping[str, System], assumed: Constants) -> Constants | None:
-    """`assumed` with the fitted constants; None where no physical fit exists."""
-    fitted = fit_step(profile, systems, assumed)
+def fit(
+    profile: ModelProfile,
+    systems: Mapping[str, System],
+    assumed: Constants,
+    fitted_on: Sequence[Published] = IN_SAMPLE,
+) -> Constants | None:
+    """`assumed` with the fitted constants, fitted on `fitted_on` (the in-sample systems, or two of them); None
+    where no physical fit exists."""
+    fitted = fit_step(profile, systems, assumed, fitted_on)
     if fitted is None:
         return None
-    overhead = fit_eval_overhead(profile, systems, fitted)
+    overhead = fit_eval_overhead(profile, systems, fitted, fitted_on)
     return dataclasses.replace(fitted, eval_overhead_s=overhead) if overhead >= 0 else None
 
 
@@ -187,9 +276,87 @@ def in_sample_systems() -> dict[str, System]:
     return {published.system: load_system(published.system) for published in IN_SAMPLE}
 
 
-def refitter(profile: ModelProfile, systems: Mapping[str, System]) -> Refit[Constants]:
-    """`fit` for any assumed constants, each set fitted once: every interval refits the same corners and ends."""
-    return cache(partial(fit, profile, systems))
+def refitter(
+    profile: ModelProfile, systems: Mapping[str, System], fitted_on: Sequence[Published] = IN_SAMPLE
+) -> Refit[Constants]:
+    """`fit` for any assumed constants, each set fitted once: every interval refits the same corners and ends. The
+    systems fitted on run at FITTED_CLOCK_HZ, where update_cycles_share moves nothing, so its ends share one fit."""
+    fitted = cache(partial(fit, profile, systems, fitted_on=fitted_on))
+
+    def refit(assumed: Constants) -> Constants | None:
+        constants = fitted(dataclasses.replace(assumed, update_cycles_share=Constants.update_cycles_share))
+        if constants is None:
+            return None
+        return dataclasses.replace(constants, update_cycles_share=assumed.update_cycles_share)
+
+    return refit
+
+
+@dataclass(frozen=True)
+class LeftOut:
+    """An in-sample system projected from a fit to the other two, its own results unseen: the model's real error."""
+
+    published: Published
+    prior: str  # the fitted constant the other two leave unidentified, held at its prior (PRIORS)
+    projection: Projection
+
+    @property
+    def throughput_error_pct(self) -> float:
+        return error(self.projection.throughput_img_s, self.published.throughput_img_s)
+
+    @property
+    def time_to_train_error_pct(self) -> float:
+        return error(self.projection.time_to_train_min, self.published.time_to_train_min)
+
+
+def others(published: Published) -> tuple[Published, ...]:
+    return tuple(other for other in IN_SAMPLE if other is not published)
+
+
+def unidentified(systems: Mapping[str, System], fitted_on: Sequence[Published]) -> str:
+    """What `fit` holds at its prior on `fitted_on`: the gateway's efficiency where no run spans POD64s, else the
+    update overhead (one run within a POD64 cannot split the per-micro-batch cost from the per-update one)."""
+    if any(spans_pods(systems, published) for published in fitted_on):
+        return "update_overhead_s"
+    return "gateway_efficiency"
+
+
+def left_out(profile: ModelProfile, systems: Mapping[str, System], published: Published) -> LeftOut:
+    """`published` projected with its own layout and schedule from the constants fitted on the other two."""
+    constants = refitter(profile, systems, others(published))(Constants())
+    assert constants is not None, f"the central constants must fit the in-sample results without {published.system}"
+    projection = project_published(profile, systems[published.system], published, constants)
+    return LeftOut(published, unidentified(systems, others(published)), projection)
+
+
+def evidence_of(left: Sequence[LeftOut]) -> Evidence:
+    """The half-widths that hold COVERAGE of the model's error on one more system, from these leave-one-out errors."""
+    return Evidence(
+        prediction_half_width([one.throughput_error_pct for one in left]),
+        prediction_half_width([one.time_to_train_error_pct for one in left]),
+        f"leave-one-out over {', '.join(one.published.system for one in left)}",
+    )
+
+
+@cache
+def evidence() -> Evidence:
+    """The model's error off its fit, which widens every IPU projection's ranges: leave-one-out over the three
+    in-sample systems, throughput and time to train at their published epochs (once per process)."""
+    systems = in_sample_systems()
+    return evidence_of([left_out(resnet50_profile(), systems, published) for published in IN_SAMPLE])
+
+
+def left_out_range(
+    profile: ModelProfile, systems: Mapping[str, System], left: LeftOut, every: Sequence[LeftOut]
+) -> Interval[Projection]:
+    """The range a left-out system would have been given: the assumptions' range, each corner refitted on the other
+    two, widened by the other two's leave-one-out errors (its own error never sizes its own range)."""
+    published = left.published
+    refit = refitter(profile, systems, others(published))
+    central = refit(Constants())
+    assert central is not None, f"the central constants must fit the in-sample results without {published.system}"
+    at = partial(project_published, profile, systems[published.system], published)
+    return widened(interval(at, refit, central, ASSUMPTIONS), evidence_of([one for one in every if one is not left]))
 
 
 def load_system(name: str) -> System:
@@ -213,7 +380,8 @@ def print_constants(constants: Constants, refit: Refit[Constants]) -> None:
 def print_calibration(
     profile: ModelProfile, systems: Mapping[str, System], constants: Constants, refit: Refit[Constants]
 ) -> None:
-    """The fit, and each in-sample system's projection with its range beside its published figures."""
+    """The fit, each in-sample system's projection with its range beside its published figures, then each projected
+    from the other two (leave-one-out) with the range it would have been given."""
     print_constants(constants, refit)
     print(f"{'system':<10} {'b x K x R':>10} {'img/s':>9} {'range':>17} {'published':>10} {'error':>7}", end="")
     print(f" {'TTT min':>8} {'range':>15} {'published':>10} {'error':>7} {'steady epoch s':>15}")
@@ -234,8 +402,80 @@ def print_calibration(
         )
         rows.append(row)
         summary[published.system] = row.summary
-    note = ": 1,281,167 images over the median logged epoch; the fit matches the steady one"
+    summary["leave_one_out"] = print_leave_one_out(leave_one_out(profile, systems))
+    note = ": 1,281,167 images over the median logged epoch; a fit matches the steady ones of the systems it is on"
     print_table_end(rows, note, summary)
+
+
+def leave_one_out(profile: ModelProfile, systems: Mapping[str, System]) -> list[tuple[LeftOut, Interval[Projection]]]:
+    """Each in-sample system projected from the other two, with the range it would have been given."""
+    every = [left_out(profile, systems, published) for published in IN_SAMPLE]
+    return [(left, left_out_range(profile, systems, left, every)) for left in every]
+
+
+def print_leave_one_out(rows: Sequence[tuple[LeftOut, Interval[Projection]]]) -> dict[str, object]:
+    """The leave-one-out table: whether each system's published figures fall in the range it would have been given,
+    and the half-widths the three errors give every projection; its JSON entry."""
+    print(f"\nleave-one-out: each system projected from a fit to the other two ({100 * COVERAGE:.0f} % ranges)")
+    print(f"{'left out':<10} {'at its prior':<18} {'img/s':>9} {'range':>17} {'published':>10} {'error':>7} in", end="")
+    print(f" {'TTT min':>8} {'range':>15} {'published':>10} {'error':>7} in")
+    summary: dict[str, object] = {}
+    for left, spread in rows:
+        print(left_out_row(left, spread))
+        summary[left.published.system] = figures(spread) | {
+            "prior": left.prior,
+            "throughput_error_pct": round(left.throughput_error_pct, 2),
+            "time_to_train_error_pct": round(left.time_to_train_error_pct, 2),
+            "inside": list(held(left, spread)),
+        }
+    found = evidence_of([left for left, _ in rows])
+    half_widths = [
+        half_width_pct(span, central)
+        for left, spread in rows
+        for span, central in (
+            (spread.throughput_img_s, left.projection.throughput_img_s),
+            (spread.time_to_train_min, left.projection.time_to_train_min),
+        )
+    ]
+    print(
+        f"the model's error off its fit, from these three: +-{100 * found.throughput:.1f} % throughput,"
+        f" +-{100 * found.time_to_train:.1f} % time to train ({100 * COVERAGE:.0f} % Student t prediction interval,"
+        f" {len(rows)} degrees of freedom), which widens every projection's ranges"
+    )
+    print(f"median half-width of the leave-one-out ranges above: {statistics.median(half_widths):.1f} %")
+    for name, prior in PRIORS.items():
+        print(f"  prior {name} = {prior.value:g}: {prior.reason}")
+    summary["half_width_pct"] = {
+        "throughput": round(100 * found.throughput, 2),
+        "time_to_train": round(100 * found.time_to_train, 2),
+    }
+    summary["median_half_width_pct"] = round(statistics.median(half_widths), 2)
+    return summary
+
+
+def left_out_row(left: LeftOut, spread: Interval[Projection]) -> str:
+    """A left-out system's projection, range, published figure and error, and whether the figure is inside."""
+    published, projection = left.published, left.projection
+    rate_in, minutes_in = ("yes" if inside else "NO " for inside in held(left, spread))
+    return (
+        f"{published.system:<10} {left.prior:<18} {projection.throughput_img_s:>9,.0f}"
+        f" {column(*spread.throughput_img_s, '{:,.0f}'.format):>17} {published.throughput_img_s:>10,.0f}"
+        f" {left.throughput_error_pct:>+6.1f}% {rate_in}"
+        f" {projection.time_to_train_min:>8.3f} {column(*spread.time_to_train_min, '{:.3f}'.format):>15}"
+        f" {published.time_to_train_min:>10.3f} {left.time_to_train_error_pct:>+6.1f}% {minutes_in}"
+    )
+
+
+def held(left: LeftOut, spread: Interval[Projection]) -> tuple[bool, bool]:
+    """Whether the published throughput and time to train fall in the left-out system's range."""
+    (low, high), (fastest, slowest) = spread.throughput_img_s, spread.time_to_train_min
+    published = left.published
+    return low <= published.throughput_img_s <= high, fastest <= published.time_to_train_min <= slowest
+
+
+def half_width_pct(span: tuple[float, float], central: float) -> float:
+    """Half a range over its central value, in %."""
+    return 50 * (span[1] - span[0]) / central
 
 
 def recipe_schedule(system: System, epochs: int) -> Schedule:
@@ -288,42 +528,47 @@ def print_scaling(
     profile: ModelProfile, constants: Constants, refit: Refit[Constants], grad_accum: int, epochs: int
 ) -> None:
     """One recipe shape (20 images x K per replica, one IPU each) on every system of both chips: throughput per
-    IPU, time-to-train, each step term's share of an update, and an epoch's time by what it is paid per."""
+    IPU and time-to-train with their ranges as run.mode=project gives them, each step term's share of an update, and
+    an epoch's time by what it is paid per."""
     print_constants(constants, refit)
     print(f"scaling: 20 images x {grad_accum} micro-batches per replica, one IPU per replica, {epochs:g} epochs")
     header = f"{'system':<11} {'IPUs':>4} {'img/s/IPU':>9} {'range':>11} {'vs 16':>6} {'TTT min':>7} {'range':>11}"
     print(header + "  % of an update:" + "".join(f"{term:>10}" for term in STEP_TERMS), end="")
     print("  % of an epoch, paid per: micro-batch update round-trip checkpoint")
-    fixed = False
     summary: dict[str, object] = {}
+    half_widths = []
     for names in SYSTEMS.values():
         smallest = None
         for name in names:
             system = load_system(name)
-            spread = scaled(profile, system, constants, refit, grad_accum, epochs)
+            spread = widened(scaled(profile, system, constants, refit, grad_accum, epochs), evidence())
             projection = spread.central
             per_ipu = projection.throughput_img_s / system.ipus
             smallest = smallest or per_ipu
             low, high = (value / system.ipus for value in spread.throughput_img_s)
-            rates = column(low, high, "{:,.0f}".format)
-            minutes = column(*spread.time_to_train_min, "{:.2f}".format)
-            fixed |= "fixed" in (rates, minutes)
             per_update, per_epoch = shares(projection, epochs)
             print(
-                f"{name:<11} {system.ipus:>4} {per_ipu:>9,.0f} {rates:>11}"
-                f" {per_ipu / smallest:>6.3f} {projection.time_to_train_min:>7.2f} {minutes:>11}"
+                f"{name:<11} {system.ipus:>4} {per_ipu:>9,.0f} {column(low, high, '{:,.0f}'.format):>11}"
+                f" {per_ipu / smallest:>6.3f} {projection.time_to_train_min:>7.2f}"
+                f" {column(*spread.time_to_train_min, '{:.2f}'.format):>11}"
                 + " " * 16
                 + "".join(f"{value:>10.2f}" for value in per_update.values())
                 + " " * 20
                 + "".join(f"{value:>10.2f}" for value in per_epoch.values())
             )
+            half_widths += [half_width_pct(spread.throughput_img_s, projection.throughput_img_s)]
+            half_widths += [half_width_pct(spread.time_to_train_min, projection.time_to_train_min)]
             summary[name] = figures(spread) | {
                 "img_s_per_ipu": round(per_ipu, 1),
                 "update_share_pct": {term: round(value, 3) for term, value in per_update.items()},
                 "epoch_share_pct": {term: round(value, 3) for term, value in per_epoch.items()},
             }
-    if fixed:
-        print(f"({FIXED})")
+    found = evidence()
+    print(
+        f"({100 * COVERAGE:.0f} % ranges: the assumptions' range widened by the model's error off its fit,"
+        f" +-{100 * found.throughput:.1f} % throughput and +-{100 * found.time_to_train:.1f} % time to train,"
+        f" {found.source}; median half-width {statistics.median(half_widths):.1f} %)"
+    )
     print(json.dumps(summary))
 
 

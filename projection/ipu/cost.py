@@ -56,6 +56,7 @@ class Constants:
     sync_s: float = 1e-6  # one sync of every IPU in the IPU-Link domain (one POD64 or less)
     gateway_sync_s: float = 12e-6  # one sync that spans POD64s, relayed by the gateways
     update_overhead_s: float = 2.931e-3  # the weight update program's fixed cost beyond its memory traffic; fitted
+    update_cycles_share: float = 0.5  # the share of update_overhead_s paid in chip cycles (faster at a higher clock)
     loader_img_s_per_core: float = 649.0  # bench.loader's rate per worker core (docs/ipu_sim.md says where from)
     host_sync_s: float = 1e-3  # one host round trip's fixed cost: the engine run returns, outfeed read, next run
     host_hop_s: float = 50e-6  # one message between host processes in the outfeed's Horovod average
@@ -254,6 +255,17 @@ def sync_s(profile: ModelProfile, system: System, shape: RunShape, constants: Co
     return SYNCS_PER_UPDATE * (constants.sync_s if spanned == 1 else constants.gateway_sync_s)
 
 
+FITTED_CLOCK_HZ = 1.33e9  # the GC200's (configs/device/chip/gc200.yaml), whose results update_overhead_s is fitted to
+
+
+def update_fixed_s(system: System, constants: Constants) -> float:
+    """The update program's fixed cost on the system's chip: fitted in seconds on the GC200, of which
+    `update_cycles_share` is cycles (its compute sets and their syncs within each IPU), faster at a higher clock, and
+    the rest seconds whatever the clock (what else the fit absorbs per update: program switches, stream copies)."""
+    faster = constants.update_cycles_share * (1 - FITTED_CLOCK_HZ / system.chip.clock_hz)
+    return constants.update_overhead_s * (1 - faster)
+
+
 def update_s(profile: ModelProfile, system: System, shape: RunShape, constants: Constants) -> float:
     """The optimizer reads the gradient and reads and writes weights and momentum (momentum may live off chip),
     plus the update program's fixed cost: its per-tensor compute sets and the syncs between them."""
@@ -263,7 +275,7 @@ def update_s(profile: ModelProfile, system: System, shape: RunShape, constants: 
     on_chip = grad + weights + (0 if shape.optimizer_in_streaming else momentum)
     sram = params * on_chip / (system.chip.sram_bandwidth * constants.memory_efficiency)
     streamed = params * momentum / system.chip.streaming_bandwidth if shape.optimizer_in_streaming else 0.0
-    return sram + streamed + constants.update_overhead_s
+    return sram + streamed + update_fixed_s(system, constants)
 
 
 def host_feed_s(profile: ModelProfile, system: System, shape: RunShape, constants: Constants) -> float:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 from backends.ipu_sim.config import System
-from projection import uncertainty
+from projection import convergence, uncertainty
 from projection.ipu import calibrate, cost
 from projection.ipu.assumptions import ASSUMPTIONS
 from projection.ipu.cost import Constants, Projection
@@ -16,7 +16,7 @@ from projection.run import Schedule
 from projection.uncertainty import Interval
 
 
-def project(planned: Plan, system: System, schedule: Schedule) -> str:
+def project(planned: Plan, system: System, schedule: Schedule, global_batch: int) -> str:
     """The system's memory plan, the step time by component, and the projected epoch and time-to-train, with the
     range the assumed constants allow, each corner refitted to the in-sample results as the central value is, and
     how far the run reaches beyond them; last, one JSON line."""
@@ -29,9 +29,14 @@ def project(planned: Plan, system: System, schedule: Schedule) -> str:
 
     central = refit(Constants())
     assert central is not None, "the central constants must fit the in-sample results"
-    spread = uncertainty.interval(at, refit, central, ASSUMPTIONS)
+    spread = uncertainty.widened(uncertainty.interval(at, refit, central, ASSUMPTIONS), calibrate.evidence())
     beyond = beyond_calibration(planned, system, shape)
-    return report(planned, system, shape, spread, central, schedule.epochs, beyond, checkpoints_moved(system, schedule))
+    notes = [
+        f"epochs: {schedule.epochs} (run.max_epochs): the recipe trains them all, then evaluates its checkpoints",
+        convergence.room_to_converge(schedule.epochs, global_batch),
+        *checkpoints_moved(system, schedule),
+    ]
+    return report(planned, system, shape, spread, central, schedule.epochs, beyond, notes)
 
 
 def checkpoints_moved(system: System, schedule: Schedule) -> list[str]:
@@ -65,7 +70,10 @@ def beyond_calibration(planned: Plan, system: System, shape: cost.RunShape) -> l
             f"{spanned} POD64s (calibrated: up to {most_pods}): the cross-POD phase grows as gateway_growth assumes"
         )
     if system.chip.name not in chips:
-        beyond.append(f"chip {system.chip.name} (calibrated: {', '.join(chips)}): per-update costs are taken as theirs")
+        beyond.append(
+            f"chip {system.chip.name} (calibrated: {', '.join(chips)}): the update program's fixed cost scales with its"
+            " clock by update_cycles_share; its other per-update costs are theirs in seconds"
+        )
     if system.mlperf_round not in rounds:
         beyond.append(
             f"MLPerf {system.mlperf_round}'s checkpoints (calibrated: {', '.join(rounds)}): without the MetaGraphDef,"
@@ -98,7 +106,7 @@ def report(
     hosts = f"{system.hosts} host{'s' if system.hosts > 1 else ''}, {system.host_cores} host cores"
     return "\n".join(
         [
-            uncertainty.headline(spread, epochs) + "\n",
+            uncertainty.headline(spread, f"{epochs} epochs") + "\n",
             f"{system.name}: {system.ipus} {system.chip.name} IPUs, {hosts}",
             *notes,
             f"{planned.memory.table()}\n{planned.memory.suggestion()}\n",
