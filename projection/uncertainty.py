@@ -207,6 +207,11 @@ def span(low: float, high: float, shown: Callable[[float], str], joined: str = "
     return f"{shown(low)}{joined}{shown(high)}" if shown(low) != shown(high) else unmoved
 
 
+def unit(spanned: str, name: str) -> str:
+    """A span() with its unit after it, where it is a range."""
+    return spanned if spanned == NOT_MOVED else f"{spanned} {name}"
+
+
 def column(low: float, high: float, shown: Callable[[float], str]) -> str:
     """span() in a table's narrow column; the tables say under them what "fixed" means (FIXED)."""
     return span(low, high, shown, "-", "fixed")
@@ -252,8 +257,10 @@ def report(interval: Interval[P], central: C, assumptions: Mapping[str, Assumpti
         interval.throughput_img_s,
         interval.time_to_train_min,
     )
-    rates, minutes = span(slowest, fastest, "{:,.0f} img/s".format), span(shortest, longest, "{:.3f} min".format)
-    lines.append(f"  the assumed constants alone: throughput {rates}, time to train {minutes}")
+    rates, minutes = span(slowest, fastest, "{:,.0f}".format), span(shortest, longest, "{:.3f}".format)
+    lines.append(
+        f"  the assumed constants alone: throughput {unit(rates, 'img/s')}, time to train {unit(minutes, 'min')}"
+    )
     name, (low, high) = interval.most_sensitive, interval.sensitive_time_to_train_min
     if name is None:
         lines.append("no assumption moves it: this is the layout the constants are fitted to")

@@ -97,6 +97,11 @@ def test_the_headline_gives_the_answer_and_the_range_80_percent_of_results_shoul
     said = report(spread, refit(Constants()), ASSUMPTIONS)
     assert f"the model's error off its fit: +-{100 * evidence.throughput:.1f} % throughput" in said
     assert f"({evidence.source})" in said
+    shortest, longest = assumed.time_to_train_min  # the assumptions' own ranges, a throughput no assumption moves
+    assert (
+        "the assumed constants alone: throughput no assumed constant moves it,"
+        f" time to train {shortest:.3f} to {longest:.3f} min"
+    ) in said
 
 
 def test_a_tables_range_that_no_assumption_moves_reads_fixed_not_a_range_of_zero_width():
