@@ -182,7 +182,7 @@ def figures(interval: Interval[P]) -> dict[str, object]:
         "most_sensitive": interval.most_sensitive,
         "coverage": COVERAGE,
         "model_error_pct": None if evidence is None else [round(100 * e, 2) for e in evidence_pair(evidence)],
-        "convergence_pct": [round(-100 * convergence.below, 2), round(100 * convergence.above, 2)],
+        "convergence_pct": [round(-100 * convergence.below, 2) or 0.0, round(100 * convergence.above, 2)],  # not -0.0
     }
 
 
