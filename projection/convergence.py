@@ -17,8 +17,9 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
+from statistics import fmean
 
 import numpy as np
 
@@ -164,7 +165,7 @@ def score(where: Stops, minutes: Callable[[int], float]) -> Score:
             where.chances[i] ** n / math.factorial(n) for i, n in ((i, picked.count(i)) for i in set(picked))
         )
         middle = picked[1:-1]  # combinations come sorted, and a run's minutes rise with its epochs
-        outcomes.append((mean([times[i] for i in middle]), mean([where.epochs[i] for i in middle]), chance))
+        outcomes.append((fmean(times[i] for i in middle), fmean(where.epochs[i] for i in middle), chance))
     low, high = (1 - COVERAGE) / 2, (1 + COVERAGE) / 2
     return Score(
         mean=sum(m * c for m, _, c in outcomes),
@@ -173,10 +174,6 @@ def score(where: Stops, minutes: Callable[[int], float]) -> Score:
         mean_epochs=sum(e * c for _, e, c in outcomes),
         epochs_range=(quantile(outcomes, 1, low), quantile(outcomes, 1, high)),
     )
-
-
-def mean(values: Sequence[float]) -> float:
-    return sum(values) / len(values)
 
 
 def quantile(outcomes: list[tuple[float, float, float]], field: int, share: float) -> float:

@@ -22,6 +22,7 @@ import math
 from dataclasses import dataclass
 from functools import cache
 
+from numpy import euler_gamma
 from scipy.special import digamma
 
 from projection.gpu.config import Cluster
@@ -229,14 +230,11 @@ def reduction_s(cluster: Cluster, layout: Layout, constants: Constants) -> float
     return node_ring_s(0.0, cluster, layout, constants) + fastest_across_nodes(cluster, layout, constants, 0.0)[1]
 
 
-EULER_GAMMA = 0.5772156649015329
-
-
 @cache
 def slowest_of(gpus: int) -> float:
     """The expected wait for the slowest of `gpus` independent, exponentially distributed delays, beyond one GPU's
     mean delay, in means: the harmonic number H(n) - 1, about ln n - 0.42 (digamma(n + 1) + Euler's gamma = H(n))."""
-    return float(digamma(gpus + 1)) + EULER_GAMMA - 1
+    return float(digamma(gpus + 1)) + euler_gamma - 1
 
 
 def straggler_s(layout: Layout, constants: Constants) -> float:
