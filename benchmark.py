@@ -9,19 +9,18 @@ import torch
 
 import distributed
 from backends import build
+from backends.base import RunFacts
 from configs.schema import Config
 from data.datasets import dataset_size
-from distributed import Topology
 from models import random_batch
 
 
-def benchmark(cfg: Config, topology: Topology) -> None:
+def benchmark(cfg: Config, facts: RunFacts) -> None:
     """A warm-up step, then run.benchmark_steps timed ones; rank 0 prints the figures and one JSON line."""
+    topology, device, policy = facts.topology, facts.device, facts.policy
     distributed.seed_everything(cfg.run.seed, topology.rank)
     classes, _, _ = dataset_size(cfg.data)
-    facts = build.run_facts(cfg, topology)
     backend = build.from_config(cfg, facts, classes)
-    device, policy = facts.device, facts.policy
     batch, size = facts.shape.per_rank, cfg.data.image_size
     images, labels = random_batch(batch, size, classes)
     lr = cfg.optim.base_lr / 100  # small enough to stay finite however long it runs

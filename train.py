@@ -15,9 +15,9 @@ Everything the run writes goes to its Hydra output directory (rundir names each 
 mlperf.log, metrics.csv, metrics.png, checkpoint.pt, and resume.sh after a stop. With several ranks, rank 0 picks the
 directory and writes alone. SIGTERM, SIGINT and SIGUSR1 stop the run: at once before its loop starts, at the next
 step boundary in it (stopsignals, distributed.stop).
-backends.build.from_config builds what trains (model, optimizer, precision policy, on its device), data.build the
-loaders, checkpoint/ saves and restores a run; run.mode=benchmark and run.mode=project are benchmark.py and
-projection/mode.py.
+data.build opens the loaders, starting.py is MLPerf's init phase (what trains, built by backends.build, and the log's
+first lines), checkpoint's Checkpointer saves and restores the run, ending.py ends it (its run_stop, what it leaves,
+the exit status); run.mode=benchmark and run.mode=project are benchmark.py and project.py.
 """
 
 from __future__ import annotations
@@ -26,205 +26,112 @@ import stopsignals
 
 stopsignals.catch()  # first: a stop signal during the seconds the imports below take ends the run with its status
 
-import contextlib
 import gc
 import math
 import os
 import sys
-import traceback
-from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NoReturn
 
 import hydra
 import torch
+from hydra.conf import HydraConf
 from hydra.core.hydra_config import HydraConfig
-from hydra.errors import HydraException
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import OmegaConfBaseException
 
-import checkpoint
 import distributed
-import rundir
+import ending
+import starting
 from backends import build
 from backends.base import Backend, RunFacts
-from backends.ipu_sim.backend import device_clock
 from benchmark import benchmark
-from checkpoint import CheckpointError, Loop, restore_point, restore_run
+from checkpoint.checkpointer import Checkpointer
 from configs.checks import ConfigError
-from configs.errors import describe
 from configs.schema import Config, register, training_fingerprint, validate
-from data.build import decode_where_fastest, loader_workers, make_loader, open_splits
-from data.datasets import describe_dataset
+from data.build import make_loader, open_splits
 from data.loader import Loader
-from data.split import DatasetError, Split
 from data.synthetic import CACHE_ENV
-from distributed import LaunchError, PeerLost, Topology
 from distributed.stop import Resume, agreed_stop
-from mlperf_logs.hyperparameters import Hyperparameters, Submission, log_hyperparameters, log_submission
-from mlperf_logs.logger import SKIPPED_FILES, MLPerfLogger, constants
-from monitor.metrics import EpochMetrics, EpochTimer, MetricsCSV, plot
-from monitor.progress import Progress, Simulated, epoch_line, job_log, print_summary, say
-from optim.precision import NonFiniteLoss, Policy
-from optim.schedule import Schedule
-from projection.mode import listed_cuts, project
-from rundir import StorageError
-from stopsignals import StopRequested
-
-USER_ERRORS = (ConfigError, DatasetError, CheckpointError, LaunchError, HydraException, OmegaConfBaseException)
-NOT_CONVERGED = 3  # the exit status of a run that ended short of the target (run.allow_not_converged=true: 0)
-STORAGE_FAILED = 5  # a write of the run directory failed (no space, quota, read-only): its last checkpoint resumes it
-NO_TRIAL_COMPLETED = "No trials are completed yet."  # optuna's study.best_trial, when every trial failed
+from mlperf_logs.logger import SKIPPED_FILES, constants
+from monitor.metrics import EpochMetrics, EpochTimer
+from monitor.progress import Progress, epoch_line, job_log, say
+from optim.precision import NonFiniteLoss
+from project import listed_cuts, project
+from starting import Run
 
 register()
+
+
+@dataclass(frozen=True)
+class Job:
+    """What Hydra says of this job, read once and passed where it is needed."""
+
+    output_dir: Path
+    sweep: bool  # one job of a sweep (-m): its sweeper decides what a failed job means
+    overrides: list[str]  # the command line's, as Hydra parsed them
+    experiment: str
+    launcher: str | None
+
+    @classmethod
+    def of(cls, hydra_cfg: HydraConf) -> Job:
+        choices = hydra_cfg.runtime.choices
+        sweep = hydra_cfg.mode == RunMode.MULTIRUN
+        output_dir = Path(hydra_cfg.runtime.output_dir)
+        return cls(
+            output_dir, sweep, list(hydra_cfg.overrides.task), choices["experiment"], choices.get("hydra/launcher")
+        )
 
 
 @hydra.main(config_path="configs", config_name="config", version_base="1.3")
 def main(raw: DictConfig) -> float | None:
     """One run; returns what a sweeper (-m) minimises: the time-to-train in minutes, None without one."""
+    job = Job.of(HydraConfig.get())
     try:
-        return run(raw)
-    except USER_ERRORS as err:
-        if HydraConfig.get().mode == RunMode.MULTIRUN:
-            raise  # a failed job of a sweep: its sweeper decides (Optuna's marks the trial failed, goes on)
-        forget_refused_run(Path(HydraConfig.get().runtime.output_dir))
-        exit_in_one_line(err)  # here: raised on, it would get a line of Hydra's own before it
-    except NotConverged as err:  # the summary above says how far it got
-        if distributed.from_environment().is_main:
-            print(f"not converged: {err}", file=sys.stderr)
-        sys.exit(NOT_CONVERGED)
-    except StorageError:  # rank 0 said which write failed and how the run goes on
-        if HydraConfig.get().mode == RunMode.MULTIRUN:
-            raise
-        sys.exit(STORAGE_FAILED)
-    except PeerLost as err:  # the log ended; rank 0 said how to resume
-        if HydraConfig.get().mode == RunMode.MULTIRUN:
-            raise  # the SLURM launcher requeues the job (hydra_plugins/rn50perf_slurm.py)
-        print(f"error: {err}", file=sys.stderr)  # here: raised on, it would get a line of Hydra's own before it
-        sys.exit(err.exit_status)
+        return run(raw, job)
+    except ending.ENDINGS as err:
+        if job.sweep:
+            raise  # its sweeper decides: Optuna's marks the trial failed, the SLURM launcher requeues a lost rank's job
+        ending.leave(err, job.output_dir)
 
 
-def forget_refused_run(directory: Path) -> None:
-    """A run refused before it started leaves no folder: the one Hydra made for it holds only Hydra's record of the
-    job and an empty train.log. Those files alone are removed, then the folders they leave empty; a folder holding
-    anything more (an earlier run's, or a user's given as hydra.run.dir) stays as it is."""
-    if not directory.is_dir():  # ranks but the first may have none
-        return
-    log = directory / rundir.JOB_LOG
-    made_for_this_run = {path.name for path in directory.iterdir()} <= {rundir.HYDRA, rundir.JOB_LOG}
-    if not made_for_this_run or (log.exists() and log.stat().st_size > 0):
-        return
-    for path in (*rundir.HYDRA_RECORD, rundir.JOB_LOG):
-        (directory / path).unlink(missing_ok=True)
-    for folder in (directory / rundir.HYDRA, directory):
-        with contextlib.suppress(OSError):  # not empty: something else is there, and stays
-            folder.rmdir()
-
-
-def hydras_failed_write(err: BaseException) -> OSError | None:
-    """The OSError of Hydra's making or writing of the run directory as a job starts (its folder, .hydra/, the
-    train.log its logging opens: logging.config wraps that one in a ValueError), which comes before the run does;
-    None for any other error."""
-    failed = err if isinstance(err, OSError) else err.__cause__
-    if not isinstance(failed, OSError) or not failed.filename:
-        return None
-    raised_in_run = any(frame.f_code is run.__code__ for frame, _ in traceback.walk_tb(err.__traceback__))
-    return None if raised_in_run else failed
-
-
-def exit_in_one_line(err: BaseException) -> NoReturn:
-    """A mistake of the user's: one line that names it and says what to do, and exit status 2."""
-    print(f"error: {describe(err)}", file=sys.stderr)
-    sys.exit(2)
-
-
-def run(raw: DictConfig) -> float | None:
+def run(raw: DictConfig, job: Job) -> float | None:
     topology = distributed.from_environment()
-    refuse_a_launcher_without_a_sweep()
+    if not job.sweep and job.launcher not in (None, "basic"):  # without -m, Hydra would run here and ignore it
+        raise ConfigError(
+            "hydra/launcher", f"{job.launcher} launches the jobs of a sweep: add -m (python train.py -m ...)"
+        )
     cfg = OmegaConf.to_object(raw)
     assert isinstance(cfg, Config)  # the schema is the base of every composed config (register)
-    validate(cfg, topology.world_size)
-    if listed_cuts(cfg):  # device.pipeline_splits=list: where the model can be cut, and nothing more
+    shape = validate(cfg, topology.world_size)  # how each global batch deals over the ranks: worked out once
+    if listed_cuts(cfg, shape):  # device.pipeline_splits=list: where the model can be cut, and nothing more
         return None
     with distributed.process_group(topology, cfg.device.name, cfg.dist.timeout_s):
         if cfg.run.mode == "benchmark":
-            benchmark(cfg, topology)
+            benchmark(cfg, build.run_facts(cfg, topology, shape))
         elif cfg.run.mode == "project":
-            out_dir = Path(HydraConfig.get().runtime.output_dir) if topology.is_main else None
-            project(cfg, out_dir, HydraConfig.get().overrides.task, HydraConfig.get().runtime.choices["experiment"])
+            project(cfg, shape, job.output_dir if topology.is_main else None, job.overrides, job.experiment)
         else:
-            out_dir = distributed.agree_on_output_dir(Path(HydraConfig.get().runtime.output_dir))
+            out_dir = distributed.agree_on_output_dir(job.output_dir)
+            facts = build.run_facts(cfg, topology, shape)  # this rank's device, its precision policy, the shape
             with job_log():  # train.log holds what the terminal shows
-                status, minutes = train(cfg, out_dir, topology, resolved=OmegaConf.to_yaml(raw, resolve=True))
-            refuse_to_pass_as_converged(status, cfg)
-            return sweep_objective(status, minutes)
+                status, minutes = train(cfg, facts, out_dir, job, resolved=OmegaConf.to_yaml(raw, resolve=True))
+            if status != constants.SUCCESS and not job.sweep and not cfg.run.allow_not_converged:
+                raise ending.NotConverged(cfg.mlperf.target_accuracy)  # a script or a scheduler tells it from a success
+            # A sweeper minimises the time-to-train; a run that missed the target gives None, which Optuna's marks
+            # failed (a NaN would make optuna 2.10's `tell` raise and stop the whole sweep).
+            return minutes if status == constants.SUCCESS else None
     return None
 
 
-def refuse_a_launcher_without_a_sweep() -> None:
-    """A launcher is for the jobs of a sweep: without -m, Hydra would run here and ignore it."""
-    hydra_cfg = HydraConfig.get()
-    launcher = hydra_cfg.runtime.choices.get("hydra/launcher")
-    if hydra_cfg.mode == RunMode.RUN and launcher not in (None, "basic"):
-        raise ConfigError("hydra/launcher", f"{launcher} launches the jobs of a sweep: add -m (python train.py -m ...)")
-
-
-class NotConverged(Exception):
-    """The run ended (its epoch budget spent, or its loss not finite) short of the target accuracy."""
-
-
-def refuse_to_pass_as_converged(status: str, cfg: Config) -> None:
-    """A run that missed the target exits NOT_CONVERGED, so a script or a scheduler can tell it from a success;
-    in a sweep, its sweeper decides instead (Optuna's marks the trial failed), and run.allow_not_converged=true
-    lets a run that is not meant to converge (a timing or a smoke run) exit 0."""
-    if status != constants.SUCCESS and HydraConfig.get().mode == RunMode.RUN and not cfg.run.allow_not_converged:
-        target = cfg.mlperf.target_accuracy
-        raise NotConverged(
-            f"the run ended short of the target top-1 {target} (exit status {NOT_CONVERGED}; "
-            "run.allow_not_converged=true exits 0)"
-        )
-
-
-def sweep_objective(status: str, minutes: float) -> float | None:
-    """The time-to-train of a run that reached the target; None for one that missed it, which the Optuna sweeper
-    marks failed (a NaN would make optuna 2.10's `tell` raise and stop the whole sweep)."""
-    return minutes if status == constants.SUCCESS else None
-
-
-@dataclass
-class Run:
-    """What one training run carries from start to end: its settings and ranks, where and what it logs, what
-    trains and on which data, and where its loop stands."""
-
-    cfg: Config
-    out_dir: Path
-    topology: Topology
-    log: MLPerfLogger
-    metrics: MetricsCSV
-    backend: Backend
-    train_loader: Loader
-    val_loader: Loader
-    schedule: Schedule
-    steps_per_epoch: int  # a whole epoch's (the loader's length is what is left of the epoch it was set to)
-    simulated: Simulated | None  # a simulated system's clock, shown beside the host's
-    loop: Loop = field(default_factory=Loop)
-    saved_step: int | None = None  # the step of the checkpoint in out_dir, None before the first
-    skips_logged: int = 0  # the training files skipped so far that the log has named
-
-    def log_sizes(self) -> dict[str, int]:
-        """The sizes of rank 0's logs: a resumed run cuts them back to these."""
-        assert self.log.path is not None and self.metrics.path is not None
-        return {"mlperf": self.log.path.stat().st_size, "metrics": self.metrics.path.stat().st_size}
-
-
-def train(cfg: Config, out_dir: Path, topology: Topology, resolved: str) -> tuple[str, float]:
+def train(cfg: Config, facts: RunFacts, out_dir: Path, job: Job, resolved: str) -> tuple[str, float]:
     """The run from its log's init_start (or the checkpoint it resumes) to its run_stop; returns its status and
     its time-to-train in minutes."""
-    facts = build.run_facts(cfg, topology)  # this rank's device, its precision policy, the batch shape: worked out once
-    fingerprint = training_fingerprint(cfg, topology.world_size)
-    checkpoint = distributed.from_main(lambda: restore_point(out_dir, cfg.mlperf.log_file, cfg.run.resume, fingerprint))
+    topology = facts.topology
+    fingerprint = training_fingerprint(cfg, topology.world_size)  # what a checkpoint shares with the run resuming it
+    resume = Resume.of(topology, job.overrides, out_dir, [CACHE_ENV])  # the command that continues the run
+    checkpoints = Checkpointer(out_dir, topology.is_main, fingerprint, resume, cfg.run)
+    checkpoint = checkpoints.restore_point(cfg.mlperf.log_file)
     distributed.seed_everything(cfg.run.seed, topology.rank)
 
     # Data: the index of both splits (the synthetic set is generated here on first use), then the loaders; a set
@@ -234,10 +141,12 @@ def train(cfg: Config, out_dir: Path, topology: Topology, resolved: str) -> tupl
     val_loader = make_loader(cfg.data, splits[1], facts, seed=cfg.run.seed, train=False)
     with train_loader, val_loader:  # the workers end with the run, however it ends (Loader.close says why)
         # A stop, a refusal or a failure before the clock starts: the same command again.
-        with forgotten_unless_started(out_dir, cfg.mlperf.log_file, topology.is_main):
-            run = initialise(cfg, out_dir, facts, splits, (train_loader, val_loader), resolved, checkpoint is None)
+        with ending.forgotten_unless_started(out_dir, cfg.mlperf.log_file, topology.is_main):
+            loaders = (train_loader, val_loader)
+            fresh = checkpoint is None
+            run = starting.initialise(cfg, facts, out_dir, splits, loaders, resolved, checkpoints, fresh=fresh)
             if checkpoint is not None:
-                resume(run, checkpoint)
+                starting.resume(run, checkpoint)
         with stopsignals.running():  # from here a stop signal waits for the next step boundary
             try:
                 if checkpoint is None:
@@ -246,221 +155,11 @@ def train(cfg: Config, out_dir: Path, topology: Topology, resolved: str) -> tupl
                 status, accuracy = train_to_target(run)
             except BaseException as err:  # a bad file, a lost rank, a stop, a full disk: the log ends the run
                 lost = distributed.as_lost_peer(err)  # a collective that failed, as the rank it lost
-                end_stopped(run, lost or err)
+                ending.end_stopped(run, lost or err)
                 if lost is not None and lost is not err:
                     raise lost from err
                 raise
-    return finish(run, status, accuracy)
-
-
-def initialise(
-    cfg: Config,
-    out_dir: Path,
-    facts: RunFacts,
-    splits: tuple[Split, Split],
-    loaders: tuple[Loader, Loader],
-    resolved: str,
-    fresh: bool,
-) -> Run:
-    """MLPerf's init phase: the log's first lines (a `fresh` run's), the model, optimizer and precision policy on
-    the device, compiled and captured, and the schedule; every rank waits for the others at its end."""
-    topology, (train_split, val_split), (train_loader, val_loader) = facts.topology, splits, loaders
-    log = MLPerfLogger(out_dir / cfg.mlperf.log_file if topology.is_main else None)
-    if topology.is_main:
-        with rundir.writing(out_dir / rundir.CONFIG):
-            (out_dir / rundir.CONFIG).write_text(resolved)
-    if fresh:
-        log.event(constants.CACHE_CLEAR, True)
-        log.start(constants.INIT_START)
-        platform = submission_platform(cfg, facts.policy)
-        log_submission(log, Submission(cfg.mlperf.org, platform, cfg.mlperf.division, cfg.mlperf.status))
-        log.event(constants.SEED, cfg.run.seed)
-    if topology.is_main:
-        say(describe_dataset(train_split, val_split))
-        announce(cfg, facts)
-    chosen = decode_where_fastest(cfg.data, loaders, facts)  # data.decode=auto, timed here
-    if chosen and topology.is_main:
-        say(chosen)
-
-    # Model, optimizer with the MLPerf parameter groups and precision policy, on the device; the schedule by step.
-    classes = len(train_split.classes)
-    backend = build.from_config(cfg, facts, classes)
-    if cfg.device.compile or cfg.device.cuda_graphs:  # compiled and captured in MLPerf's init phase, not timed steps
-        backend.compile_ahead(facts.shape.per_rank, val_loader.batch_sizes(), cfg.data.image_size, classes)
-    if topology.is_main:
-        checkpoint.refuse_a_directory_too_small(out_dir, backend, topology.world_size)
-    if cfg.mlperf.clock == "device":
-        log.clock = backend.now  # from here on the log, and the time-to-train, are in the simulated IPUs' time
-    steps_per_epoch = len(train_loader)
-    schedule = Schedule.for_run(cfg.optim, cfg.run.max_epochs, steps_per_epoch)
-    tensorboard = out_dir / rundir.TENSORBOARD if cfg.run.tensorboard else None
-    metrics = MetricsCSV(out_dir / rundir.METRICS if topology.is_main else None, tensorboard)
-    simulated = simulated_clock(backend, logged=cfg.mlperf.clock == "device")
-    run = Run(
-        cfg, out_dir, topology, log, metrics, backend, train_loader, val_loader, schedule, steps_per_epoch, simulated
-    )
-    if fresh:
-        hp = Hyperparameters.of_run(cfg.optim, facts.shape, schedule.decay_steps, len(train_split), len(val_split))
-        log_hyperparameters(log, hp)
-        log.end(constants.INIT_STOP)
-    distributed.barrier()  # every rank is ready when the clock starts
-    return run
-
-
-@contextlib.contextmanager
-def forgotten_unless_started(out_dir: Path, log_file: str, is_main: bool) -> Iterator[None]:
-    """A run that ends before its clock starts (a stop signal, a refusal, a failure of its init phase) takes away
-    the files it wrote in the run directory (its log's first lines, config.yaml, metrics.csv), so that the same
-    command, or the requeued job, starts it again. A run directory it cannot write refuses the run (exit status 2)."""
-    before = {path.name for path in out_dir.iterdir()} if is_main else set()
-    try:
-        yield
-    except BaseException as err:
-        if is_main:
-            remove_written_since(out_dir, before, log_file)
-        if isinstance(err, StopRequested) and is_main:
-            say(f"{err} before the run started: nothing to resume; the same command starts it again", error=True)
-        if isinstance(err, StorageError):
-            raise ConfigError("hydra.run.dir", str(err)) from err
-        raise
-
-
-def remove_written_since(out_dir: Path, before: set[str], log_file: str) -> None:
-    """The files a run writes that `out_dir` did not hold (`before`): what was there stays (a stopped run's
-    checkpoint and logs, the user's files), and so do Hydra's record of the job and train.log, which say what
-    happened."""
-    for path in out_dir.iterdir():
-        new = path.name not in before and path.name not in (rundir.HYDRA, rundir.JOB_LOG)
-        if new and path.is_file() and rundir.written_by_run(path.name, log_file):
-            path.unlink()
-
-
-def simulated_clock(backend: Backend, logged: bool) -> Simulated | None:
-    """The simulated system's clock of a backend that runs on one, as the run's lines show it; None elsewhere."""
-    clock = device_clock(backend)
-    return None if clock is None else Simulated(clock, logged)
-
-
-def announce(cfg: Config, facts: RunFacts) -> None:
-    """The precision policy as it runs here, and the ranks."""
-    policy, topology = facts.policy, facts.topology
-    say(f"precision {policy.describe()}")
-    if cfg.data.workers is None:
-        say(f"data.workers=null: {loader_workers(cfg.data, topology)} loader processes, this rank's cores but one")
-    if policy.emulated and policy.compute == "bf16" and cfg.precision.emulate == "auto":
-        say("bf16 is emulated: this CPU has no native bf16 kernels (precision.emulate=never forces them)")
-    if topology.distributed:
-        say(f"{topology.world_size} ranks ({topology.launcher}), BN span {facts.shape.bn_span}")
-
-
-def submission_platform(cfg: Config, policy: Policy) -> str:
-    """The platform the log names; a log in simulated device time, or of emulated 16-bit arithmetic, says so."""
-    system = cfg.device.system
-    if cfg.mlperf.clock == "device" and system is not None:  # validate: device time is a simulated system's
-        return f"{system.name} simulated by rn50perf ipu_sim (device time)"
-    return cfg.mlperf.platform + (f" ({policy.compute} emulated in fp32)" if policy.emulated else "")
-
-
-def resume(run: Run, checkpoint: dict[str, Any]) -> None:
-    """Continue exactly where the checkpoint left off; the logs are cut back to their sizes then."""
-    run.loop, sizes = restore_run(checkpoint, run.backend, run.topology.rank)
-    run.saved_step = run.loop.step
-    run.metrics.resume(sizes["metrics"], run.loop.step)
-    run.log.resume(sizes["mlperf"], run.loop.step, run.loop.epoch)
-    if run.topology.is_main:
-        loop = run.loop
-        say(f"resuming at epoch {loop.epoch} (step {loop.step}, {loop.batch} steps into the epoch)")
-
-
-def end_stopped(run: Run, err: BaseException) -> None:
-    """The log of a run that did not end on its own ends aborted, where it can still be written; a stopped one, or
-    one that lost a rank or a write of its directory after its first checkpoint, says how to resume it."""
-    log_ended = end_log_aborted(run.log)
-    if run.topology.is_main and not isinstance(err, StorageError):  # nothing more on a filesystem that failed
-        plot_so_far(run)  # a stopped or failed run's epochs so far
-    if isinstance(err, StopRequested):
-        if run.topology.is_main:
-            say_how_to_resume(f"{err} at {where(run)}: checkpoint written, log ended (run_stop aborted)", run)
-        distributed.barrier()  # rank 0's checkpoint and log are whole before any rank exits
-    elif isinstance(err, StorageError) and run.topology.is_main:
-        unended = "" if log_ended else "; the log could not take its run_stop"
-        say(f"error: {err}{unended}; {how_to_go_on_after_storage(run)}", error=True)
-    elif isinstance(err, PeerLost) and run.topology.is_main:
-        lost = f"a rank was lost at {where(run)}: log ended (run_stop aborted)"
-        if run.saved_step is None:
-            say(f"\n{lost}; no checkpoint yet, so start the run again with a new hydra.run.dir", error=True)
-        else:
-            again = run.loop.step - run.saved_step
-            say_how_to_resume(f"{lost}; its checkpoint is at step {run.saved_step} ({again} steps to take again)", run)
-
-
-def end_log_aborted(log: MLPerfLogger) -> bool:
-    """run_stop aborted, and the log closed; False where its filesystem could not take the line (the log then
-    ends with its last whole line)."""
-    try:
-        log.end(constants.RUN_STOP, metadata={constants.STATUS: constants.ABORTED})
-    except StorageError:
-        return False
-    finally:
-        log.close()
-    return True
-
-
-def how_to_go_on_after_storage(run: Run) -> str:
-    """What a run whose directory's filesystem failed a write leaves to resume, and how: resume.sh where the
-    filesystem still takes it, else the command itself."""
-    if run.saved_step is None:
-        return "no checkpoint yet: free space and start the run again with a new hydra.run.dir"
-    what = f"{rundir.CHECKPOINT} (step {run.saved_step}) is intact and resumes the run"
-    resume = resume_of(run)
-    try:
-        script = resume.write_script(run.out_dir, what)
-    except StorageError:
-        return f"{what}: free space and run {resume.line()}"
-    return f"{what}: free space and run {script}"
-
-
-def where(run: Run) -> str:
-    loop = run.loop
-    return f"step {loop.step} (epoch {loop.epoch}, {loop.batch} of its {run.steps_per_epoch} steps done)"
-
-
-def say_how_to_resume(what: str, run: Run) -> None:
-    """Say `what` ended the run, and write resume.sh: the run's launcher and overrides, in its directory."""
-    distributed.stop.tell_how_to_resume(what, resume_of(run), run.out_dir)
-
-
-def resume_of(run: Run) -> Resume:
-    """The command that continues `run` from its checkpoint."""
-    return Resume.of(run.topology, HydraConfig.get().overrides.task, run.out_dir, [CACHE_ENV])
-
-
-def finish(run: Run, status: str, accuracy: float | None) -> tuple[str, float]:
-    """run_stop, the plot and the final weights; nothing is left to resume. Returns the status and minutes."""
-    try:
-        run.log.end(constants.RUN_STOP, metadata={constants.STATUS: status})
-        minutes = (run.log.clock() - run.loop.run_start) / 60
-        run.log.close()
-        if run.topology.is_main:
-            plot_so_far(run)
-            checkpoint.save_atomically(run.out_dir / rundir.FINAL_WEIGHTS, run.backend.state_dict()["model"])
-    except StorageError as err:  # the last checkpoint trains the last steps again, to the same end
-        if run.topology.is_main:
-            say(f"error: {err}; {how_to_go_on_after_storage(run)}", error=True)
-        raise
-    if run.topology.is_main:
-        for name in (rundir.CHECKPOINT, rundir.RESUME_SCRIPT):
-            (run.out_dir / name).unlink(missing_ok=True)
-        skipped = {**run.train_loader.skipped, **run.val_loader.skipped}
-        warned = run.train_loader.warned | run.val_loader.warned
-        print_summary(status, accuracy, run.loop.epoch - 1, minutes, run.out_dir, skipped, warned, run.simulated)
-    return status, minutes
-
-
-def plot_so_far(run: Run) -> None:
-    """metrics.png from the epochs ended so far, on rank 0 (which writes metrics.csv); none before the first."""
-    if run.metrics.path is not None and (rows := run.metrics.read()):
-        plot(rows, run.out_dir / rundir.PLOT, run.cfg.mlperf.target_accuracy)
+    return ending.finish(run, status, accuracy)
 
 
 def train_to_target(run: Run) -> tuple[str, float | None]:
@@ -470,28 +169,28 @@ def train_to_target(run: Run) -> tuple[str, float | None]:
     Times are on the log's clock.
     """
     cfg, backend, log, loop = run.cfg, run.backend, run.log, run.loop
-    evals = cfg.mlperf.eval_epochs(cfg.run.max_epochs)
+    evals, global_batch = cfg.mlperf.eval_epochs(cfg.run.max_epochs), run.facts.shape.global_batch
     quiet = not run.topology.is_main
-    progress = Progress("none" if quiet else cfg.run.progress, cfg.run.max_epochs, cfg.data.global_batch)
+    progress = Progress("none" if quiet else cfg.run.progress, cfg.run.max_epochs, global_batch)
     timer = EpochTimer(lambda: run.train_loader.waited_s, lambda: backend.allreduce_s)
     accuracy: float | None = None
     for epoch in range(loop.epoch, cfg.run.max_epochs + 1):
         timer.start()
         block_first = max((e + 1 for e in evals if e < epoch), default=1)
-        if epoch == block_first and loop.batch == 0:
+        if epoch == block_first and loop.epoch_step == 0:
             block_last = min(e for e in evals if e >= epoch)
             log.start(
                 constants.BLOCK_START,
                 metadata={constants.FIRST_EPOCH_NUM: epoch, constants.EPOCH_COUNT: block_last - epoch + 1},
             )
-        started, first_batch = log.clock(), loop.batch
+        started, first_step = log.clock(), loop.epoch_step
         try:
             loss, lr = train_epoch(run, progress)
         except NonFiniteLoss as err:
             say(f"error: {err} in epoch {epoch}; stopping (run_stop aborted)", error=True)
             return constants.ABORTED, accuracy
         backend.end_epoch()
-        images_per_s = (loop.batch - first_batch) * cfg.data.global_batch / (log.clock() - started)
+        images_per_s = (loop.epoch_step - first_step) * global_batch / (log.clock() - started)
         accuracy = None
         if epoch in evals:
             log.end(constants.BLOCK_STOP, metadata={constants.FIRST_EPOCH_NUM: block_first})
@@ -515,12 +214,12 @@ def train_to_target(run: Run) -> tuple[str, float | None]:
         run.metrics.append(row)
         log_new_skips(run, epoch)
         progress.end_epoch(epoch_line(cfg.run.max_epochs, row, run.simulated))
-        loop.epoch, loop.batch, loop.losses = epoch + 1, 0, []
+        loop.epoch, loop.epoch_step, loop.losses = epoch + 1, 0, []
         if accuracy is not None and accuracy >= cfg.mlperf.target_accuracy:
             return constants.SUCCESS, accuracy
         if epoch < cfg.run.max_epochs:
             stop_if_requested(run)  # a signal during the evaluation stops the run here, between two epochs
-            if cfg.run.checkpoint:
+            if run.checkpoints.at_epoch_ends:
                 save(run)
     return constants.ABORTED, accuracy
 
@@ -542,18 +241,19 @@ def train_epoch(run: Run, progress: Progress) -> tuple[float, float]:
     finite loss raises NonFiniteLoss, as loss scaling does after too many skips in a row.
     """
     loop, backend, schedule = run.loop, run.backend, run.schedule
-    run.train_loader.set_epoch(loop.epoch, first_batch=loop.batch)
-    progress.start_epoch(loop.epoch, loop.batch + len(run.train_loader), done=loop.batch)
+    run.train_loader.set_epoch(loop.epoch, first_batch=loop.epoch_step)
+    progress.start_epoch(loop.epoch, loop.epoch_step + len(run.train_loader), done=loop.epoch_step)
     for images, labels in run.train_loader:
         lr = schedule(loop.step)
         distributed.record_step(loop.step + 1)
         loss = backend.train_step(images, labels, lr)
         loop.step += 1
-        loop.batch += 1
+        loop.epoch_step += 1
         loop.losses.append(loss)
-        progress.step(loop.batch, loss, lr)
+        progress.step(loop.epoch_step, loss, lr)
         stop_if_requested(run)
-        checkpoint_if_due(run)
+        if run.checkpoints.due_within_epoch(loop, run.steps_per_epoch):
+            save(run)
     losses = torch.stack(loop.losses)
     finite = losses[torch.isfinite(losses)]
     mean = distributed.mean_over_ranks(float(finite.mean()) if len(finite) else math.inf)
@@ -571,20 +271,9 @@ def stop_if_requested(run: Run) -> None:
         raise stop
 
 
-def checkpoint_if_due(run: Run) -> None:
-    """Every run.checkpoint_every_steps steps within an epoch (its end saves after its evaluation): a lost rank
-    then costs at most that many steps."""
-    every, loop = run.cfg.run.checkpoint_every_steps, run.loop
-    if every and loop.step % every == 0 and loop.batch < run.steps_per_epoch:
-        save(run)
-
-
 def save(run: Run) -> None:
     """The run's checkpoint, written by rank 0 with every rank's own state."""
-    path = run.out_dir / rundir.CHECKPOINT if run.topology.is_main else None
-    fingerprint = training_fingerprint(run.cfg, run.topology.world_size)
-    checkpoint.save_run(path, run.backend, run.loop, run.log_sizes, fingerprint)
-    run.saved_step = run.loop.step
+    run.checkpoints.save(run.backend, run.loop, run.log_sizes)
 
 
 def evaluate(backend: Backend, loader: Loader) -> float:
@@ -600,12 +289,6 @@ if __name__ == "__main__":
         if not distributed.from_environment().is_main:
             sys.argv += distributed.QUIET_HYDRA
         main()
-    except USER_ERRORS as err:  # a mistake in the overrides, found before the run started
-        exit_in_one_line(err)
-    except (OSError, ValueError) as err:  # Hydra could not write the run directory, or a sweep has no best trial
-        if unwritable := hydras_failed_write(err):
-            exit_in_one_line(ConfigError("hydra.run.dir", str(StorageError.of(Path(unwritable.filename), unwritable))))
-        if str(err) != NO_TRIAL_COMPLETED:  # optuna's answer when a sweep has no best trial; anything else is a bug
-            raise
-        print("error: no trial of the sweep reached the target, so there is no best one", file=sys.stderr)
-        sys.exit(1)
+    except (*ending.USER_ERRORS, OSError, ValueError) as err:  # the overrides, Hydra's run directory, a sweep's end
+        ending.leave_before_the_run(err, run.__code__)
+        raise

@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any, Protocol
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
+from backends.config import DeviceConfig
 from configs.shape import BatchShape
 from distributed.topology import Topology
+from optim.config import OptimConfig
 from optim.precision import Policy
+
+if TYPE_CHECKING:
+    from configs.schema import ModelConfig
 
 
 @dataclass(frozen=True)
@@ -23,6 +28,34 @@ class RunFacts:
     device: torch.device
     policy: Policy
     shape: BatchShape
+
+
+@dataclass(frozen=True)
+class StepSettings:
+    """How a backend's train step runs: what a backend built directly (as tests and benches build one) is given
+    besides its model, optimizer and device."""
+
+    label_smoothing: float
+    policy: Policy = field(default_factory=Policy)  # as the device runs it (RunFacts.policy)
+    grad_accum: int = 1  # micro-batches per update, on each rank (or each simulated replica)
+    seed: int = 0  # the weight update's stochastic-rounding stream
+    bucket_mb: float | None = None  # the gradient all-reduce's buckets; None: one
+    overlap: bool = False  # each bucket reduced during backward, as soon as it is full
+    batchnorm_16bit: bool = False  # BatchNorm takes native 16-bit activations as they are
+    compiled: bool = False  # the model through torch.compile
+    cuda_graphs: bool = False  # the step captured in a CUDA graph where it can be (backends/graphs.py)
+
+
+@dataclass(frozen=True)
+class BackendSection:
+    """What a backend reads of the run's configuration, gathered in one place (backends.build.section_of): how its
+    model and optimizer are built, and how its step runs."""
+
+    model: ModelConfig
+    optim: OptimConfig
+    device: DeviceConfig
+    bn_group_size: int  # ranks (or simulated replicas) whose BatchNorm statistics are reduced together
+    step: StepSettings
 
 
 class Backend(Protocol):

@@ -7,10 +7,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from backends.ipu_sim.config import MLPERF_ROUNDS, OPTIMIZER_STATES, System
 from configs.checks import ConfigError, one_of, positive, require
 from configs.shape import BatchShape
-from projection.gpu.config import Cluster
+from hardware.gpu import Cluster
+from hardware.ipu import MLPERF_ROUNDS, OPTIMIZER_STATES, System
 
 EXECUTING = ("cpu", "cuda", "ipu_sim")  # what backends.build.BACKENDS dispatches on; ipu_sim: a simulated IPU system
 # and gpu_cluster: GPU nodes that run.mode=project projects a run onto (configs/device/dgx_*.yaml, pcie_l40s.yaml)
@@ -110,16 +110,15 @@ def validate_device(device: DeviceConfig, bn_group_size: int, shape: BatchShape)
     if simulated(device):
         validate_ipu(device, bn_group_size, shape)
     if gpu_cluster(device):
-        validate_cluster(device, shape)
+        validate_cluster(device)
     else:
         for key, value, unset in (("nodes", device.nodes, 1), ("gpus_per_node", device.gpus_per_node, 1)):
             require(value == unset, f"device.{key}", "lays out a GPU cluster to project: device=dgx_h100, ...")
         require(device.measured is None, "device.measured", "projects onto a GPU cluster: device=dgx_h100, ...")
 
 
-def validate_cluster(device: DeviceConfig, shape: BatchShape) -> None:
-    """A GPU cluster needs its nodes described, at most as many GPUs used per node as a node has, and a global batch
-    that deals the same whole number of images to every GPU."""
+def validate_cluster(device: DeviceConfig) -> None:
+    """A GPU cluster needs its nodes described, and at most as many GPUs used per node as a node has."""
     cluster = device.cluster
     if cluster is None:
         raise ConfigError("device", "gpu_cluster needs a cluster: device=dgx_a100, dgx_h100, dgx_h200 or pcie_l40s")
@@ -129,16 +128,10 @@ def validate_cluster(device: DeviceConfig, shape: BatchShape) -> None:
         "device.gpus_per_node",
         f"must be 1 to the {cluster.max_gpus_per_node} GPUs of a {cluster.name} node, got {device.gpus_per_node}",
     )
-    gpus = device.nodes * device.gpus_per_node
-    require(
-        shape.global_batch % (gpus * shape.grad_accum) == 0,
-        "data.global_batch",
-        f"{shape.global_batch} images do not deal evenly to {gpus} GPUs x dist.grad_accum {shape.grad_accum}",
-    )
 
 
 def validate_ipu(device: DeviceConfig, bn_group_size: int, shape: BatchShape) -> None:
-    """The simulated IPU run's layout must fit its system and add up to the global batch."""
+    """The simulated IPU run's layout must fit its system."""
     system = device.system
     if system is None:
         raise ConfigError("device", "ipu_sim needs a system: device=ipu_pod16, ipu_pod64, ...")
@@ -151,15 +144,9 @@ def validate_ipu(device: DeviceConfig, bn_group_size: int, shape: BatchShape) ->
         "device.replicas",
         f"{device.replicas} replicas do not spread evenly over {shape.ranks} ranks",
     )
-    micro, accum = shape.micro_batch, shape.grad_accum
-    require(
-        micro >= 1 and micro * accum * device.replicas == shape.global_batch,
-        "data.global_batch",
-        f"{shape.global_batch} is not micro-batch {micro} x dist.grad_accum {accum} x {device.replicas} replicas",
-    )
     one_of(device.pipeline_mode, "device.pipeline_mode", PIPELINE_MODES)
     stages = pipeline_stages(device)
-    short = pipeline_short_of_micro_batches(stages, accum, sharded=device.pipeline_mode == "sharded")
+    short = pipeline_short_of_micro_batches(stages, shape.grad_accum, sharded=device.pipeline_mode == "sharded")
     require(short is None, "dist.grad_accum", str(short))
     require(
         device.replicas * stages <= system.ipus,

@@ -8,13 +8,20 @@ at capture time, so it is only taken where the step reads nothing from the host 
 between steps: the lr and loss scaling's verdict live on the device (LARS, fused SGD), masters are fp32 (16-bit
 masters round with a generator of their own) and one rank trains (the gradient all-reduce is not captured).
 Elsewhere the step runs eagerly, and the run says why.
+
+A backend holds one `CudaGraphs` and asks it one thing at each place: its train step, the capture ahead of the clock
+(the init phase), and dropping the graph when a state load replaces the tensors it holds.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Protocol
 
 import torch
+import torch.distributed as dist
+
+from optim.precision import MixedPrecision
 
 Step = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 WARMUP_STEPS = 3
@@ -22,6 +29,79 @@ WARMUP_STEPS = 3
 # while the step is captured in train.py, which the default ("global") refuses (cudaErrorStreamCaptureInvalidated,
 # the GPU check of 2026-11-27); torch.cuda.graph's docs name "thread_local" for such a thread.
 CAPTURE_ERROR_MODE = "thread_local"
+
+
+class Capturable(Protocol):
+    """The backend whose step is captured (backends.native.NativeBackend): its eager step, where it runs, what its
+    step reads from the host, and what puts back the state a step changes."""
+
+    device: torch.device
+    lr: torch.Tensor | None  # the lr on the device, shared by the optimizer's groups; None: read on the host
+    optimizer: torch.optim.Optimizer
+    precision: MixedPrecision
+
+    def update(self, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor: ...
+
+    def restorer(self) -> Callable[[], None]:
+        """A function that puts back, in place, what a step changes besides the optimizer's state."""
+        ...
+
+
+class CudaGraphs:
+    """A backend's train step under device.cuda_graphs: captured once, at the first step or ahead of the clock
+    (where it cannot be, the reason said then, and the step eager from then on), replayed at every step after, and
+    captured again after a state load replaced the tensors the graph held."""
+
+    def __init__(self, backend: Capturable, wanted: bool) -> None:
+        self.backend = backend
+        self.pending = wanted  # a capture to try at the next chance (device.cuda_graphs)
+        self.captured: GraphedStep | None = None
+
+    def step(self, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """The step on this batch: replayed where it is captured (a pending capture tried first), else eager."""
+        self.settle(images, labels)
+        if self.captured is None:
+            return self.backend.update(images, labels)
+        loss = self.captured(images, labels)
+        self.backend.precision.replayed()
+        return loss
+
+    def settle(self, images: torch.Tensor, labels: torch.Tensor) -> None:
+        """A pending capture tried now, from this batch's shapes (compile_ahead's synthetic batch in the init phase,
+        or the first step's): the step captured, or the reason it cannot be said. It is tried once."""
+        if not self.pending:
+            return
+        self.pending = False
+        why = self.why_not()
+        if why is not None:
+            print(f"device.cuda_graphs: {why}; the step runs eagerly", flush=True)
+            return
+        self.captured = GraphedStep(self.backend.update, images, labels, self.restorer())
+
+    def drop(self) -> None:
+        """A state load replaced tensors the graph held (the optimizer's): the step is captured again at the next
+        one."""
+        if self.captured is not None:
+            self.captured, self.pending = None, True
+
+    def why_not(self) -> str | None:
+        """Why the backend's step cannot be captured, or None where it can."""
+        backend = self.backend
+        ranks = dist.get_world_size() if dist.is_initialized() else 1
+        fp32_masters = backend.precision.policy.master == "fp32"
+        return why_not_captured(backend.device, backend.lr is not None, fp32_masters, ranks)
+
+    def restorer(self) -> Callable[[], None]:
+        """A function that undoes the warm-up steps before the capture, in place, as the graph keeps the tensors it
+        captured: the backend's state, and the optimizer's (zeroed where the warm-up made it)."""
+        restore_the_rest, optimizer = self.backend.restorer(), self.backend.optimizer
+        saved = {p: {k: v.clone() for k, v in s.items() if torch.is_tensor(v)} for p, s in optimizer.state.items()}
+
+        def restore() -> None:
+            restore_the_rest()
+            restore_in_place(optimizer, saved)
+
+        return restore
 
 
 class GraphedStep:

@@ -8,18 +8,17 @@ import time
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from functools import partial
-from typing import Any, Self
+from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from backends.base import RunFacts
+from backends.base import BackendSection, RunFacts, StepSettings
 from backends.config import DeviceConfig
-from backends.graphs import GraphedStep, restore_in_place, why_not_captured
+from backends.graphs import CudaGraphs
 from configs.checks import ConfigError
-from configs.schema import Config
 from distributed.allreduce import GradientBuckets, Stopwatch
 from distributed.batchnorm import DistributedBatchNorm2d
 from distributed.group import average_over_ranks, broadcast_from_main
@@ -56,37 +55,23 @@ class NativeBackend:
     scaling found non-finite gradients (on any rank: the reduced gradients agree)."""
 
     def __init__(
-        self,
-        model: nn.Module,
-        optimizer: torch.optim.Optimizer,
-        device: torch.device,
-        *,
-        label_smoothing: float,
-        grad_accum: int = 1,
-        policy: Policy | None = None,
-        seed: int = 0,
-        bucket_mb: float | None = None,
-        overlap: bool = False,
-        batchnorm_16bit: bool = False,
-        compiled: bool = False,
-        cuda_graphs: bool = False,
+        self, model: nn.Module, optimizer: torch.optim.Optimizer, device: torch.device, step: StepSettings
     ) -> None:
         self.model = model.to(device)
-        if compiled:
+        if step.compiled:
             self.model.compile()  # in place: the state_dict keeps its keys; the first steps compile
         broadcast_from_main(self.model.state_dict().values())  # every rank starts from rank 0's weights
         self.optimizer = optimizer
         self.device = device
-        self.label_smoothing = label_smoothing
-        self.grad_accum = grad_accum
-        self.precision = MixedPrecision(policy or Policy(), self.model, device, seed, batchnorm_16bit)
+        self.label_smoothing = step.label_smoothing
+        self.grad_accum = step.grad_accum
+        self.precision = MixedPrecision(step.policy, self.model, device, step.seed, step.batchnorm_16bit)
         self.params = [p for group in optimizer.param_groups for p in group["params"]]
         self.lr = self.shared_lr(optimizer, device)
-        self.capture = cuda_graphs  # capture the step at its first call (device.cuda_graphs)
-        self.graphed: GraphedStep | None = None
+        self.graphs = CudaGraphs(self, wanted=step.cuda_graphs)
         several_ranks = dist.is_initialized() and dist.get_world_size() > 1
         self.gradients = (
-            GradientBuckets(self.params, bucket_mb=bucket_mb, overlap=overlap)
+            GradientBuckets(self.params, bucket_mb=step.bucket_mb, overlap=step.overlap)
             if several_ranks
             else LocalGradients(optimizer)
         )
@@ -101,14 +86,6 @@ class NativeBackend:
         for group in optimizer.param_groups:
             group["lr"] = lr
         return lr
-
-    @classmethod
-    def from_config(cls, cfg: Config, facts: RunFacts, classes: int) -> Self:
-        """ResNet-50 with the configured norm layer, LARS or SGD with the MLPerf parameter groups, and the precision
-        policy, bound to this rank's device."""
-        layout = {"channels_last": cfg.device.channels_last, "four_channel_input": cfg.device.pad_input_channels}
-        model = build_resnet50(classes, norm_layer(cfg), cfg.model.zero_init_residual, **layout)
-        return cls(model, optimizer_for(cfg, model), facts.device, **settings(cfg, facts))
 
     @staticmethod
     def select_device(cfg: DeviceConfig, local_rank: int) -> torch.device:
@@ -145,13 +122,7 @@ class NativeBackend:
         self.set_lr(lr)
         images = images.to(self.device, non_blocking=True)
         labels = labels.to(self.device, non_blocking=True)
-        if self.capture and self.graphed is None:
-            self.graphed = self.captured(images, labels)
-        if self.graphed is None:
-            return self.update(images, labels)
-        loss = self.graphed(images, labels)
-        self.precision.replayed()
-        return loss
+        return self.graphs.step(images, labels)
 
     def update(self, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         """The step after its lr is set: forward and backward of each pass, the reduced gradients, the update."""
@@ -163,27 +134,6 @@ class NativeBackend:
             self.optimizer.step()
             self.precision.after_update()
         return total / len(passes)
-
-    def captured(self, images: torch.Tensor, labels: torch.Tensor) -> GraphedStep | None:
-        """The step in a CUDA graph (device.cuda_graphs), from this batch's shapes; None, and the reason said,
-        where it cannot be. The warm-up steps before the capture are undone: the run is as if they never were."""
-        self.capture = False
-        ranks = dist.get_world_size() if dist.is_initialized() else 1
-        policy = self.precision.policy
-        why = why_not_captured(self.device, self.lr is not None, policy.master == "fp32", ranks)
-        if why is not None:
-            print(f"device.cuda_graphs: {why}; the step runs eagerly", flush=True)
-            return None
-        restore_the_rest = self.restorer()
-        optimizer_state = {
-            p: {k: v.clone() for k, v in s.items() if torch.is_tensor(v)} for p, s in self.optimizer.state.items()
-        }
-
-        def restore() -> None:  # in place: the graph keeps the optimizer state's tensors
-            restore_the_rest()
-            restore_in_place(self.optimizer, optimizer_state)
-
-        return GraphedStep(self.update, images, labels, restore)
 
     def restorer(self) -> Callable[[], None]:
         """A function that puts back, in place, what a step changes besides the optimizer: the weights, the loss
@@ -266,8 +216,7 @@ class NativeBackend:
         restore()
         self.load_optimizer_state(optimizer_state)  # as it was, without the momentum it had not made yet
         self.gradients.waited = Stopwatch(self.gradients.waited.device)  # the epochs' all-reduce time starts at 0
-        if self.capture:
-            self.graphed = self.captured(*synthetic[train_batch])
+        self.graphs.settle(*synthetic[train_batch])
 
     def now(self) -> float:
         return time.time()
@@ -298,8 +247,7 @@ class NativeBackend:
         A captured step held the tensors this replaces: it is captured again at the next step."""
         self.optimizer.load_state_dict(state)
         self.lr = self.shared_lr(self.optimizer, self.device)
-        if self.graphed is not None:
-            self.graphed, self.capture = None, True
+        self.graphs.drop()
 
     def rank_state_dict(self) -> dict[str, Any]:
         return {"running_stats": self._running_stats()}
@@ -324,32 +272,25 @@ def use_threads(threads: int) -> None:
         torch.set_num_threads(threads)
 
 
-def norm_layer(cfg: Config) -> NormLayer:
+def build_native(section: BackendSection, facts: RunFacts, classes: int) -> NativeBackend:
+    """ResNet-50 with the configured norm layer and layout, LARS or SGD with the MLPerf parameter groups, and the
+    section's step, bound to this rank's device."""
+    device = section.device
+    layout = {"channels_last": device.channels_last, "four_channel_input": device.pad_input_channels}
+    model = build_resnet50(classes, norm_layer(section), section.model.zero_init_residual, **layout)
+    return NativeBackend(model, optimizer_for(section, model), facts.device, section.step)
+
+
+def norm_layer(section: BackendSection) -> NormLayer:
     """BatchNorm2d, or DistributedBatchNorm2d when statistics span several ranks."""
-    model, group = cfg.model, cfg.dist.bn_group_size
+    model, group = section.model, section.bn_group_size
     if group == 1:
         return batchnorm(model.bn_momentum, model.bn_eps)
     return partial(DistributedBatchNorm2d, group_size=group, eps=model.bn_eps, momentum=model.bn_momentum)
 
 
-def optimizer_for(cfg: Config, model: nn.Module) -> torch.optim.Optimizer:
-    """LARS or SGD as cfg.optim names it, over the model's MLPerf parameter groups."""
-    o = cfg.optim
+def optimizer_for(section: BackendSection, model: nn.Module) -> torch.optim.Optimizer:
+    """LARS or SGD as the optim section names it, over the model's MLPerf parameter groups."""
+    o = section.optim
     hyper = {"lr": o.base_lr, "momentum": o.momentum, "weight_decay": o.weight_decay, "eta": o.eta}
-    return build_optimizer(o.name, model, **hyper, foreach=cfg.device.foreach)
-
-
-def settings(cfg: Config, facts: RunFacts) -> dict[str, Any]:
-    """The constructor's keyword arguments that every backend reads from the config and the run's facts alike."""
-    device = facts.device
-    return {
-        "label_smoothing": cfg.optim.label_smoothing,
-        "grad_accum": cfg.dist.grad_accum,
-        "policy": facts.policy,
-        "seed": cfg.run.seed * 1_000_003,  # one rounding stream on every rank: replicas keep identical weights
-        "bucket_mb": cfg.dist.bucket_mb,
-        "overlap": cfg.dist.overlap,
-        "batchnorm_16bit": device.type == "cuda" if cfg.device.bn_16bit_input is None else cfg.device.bn_16bit_input,
-        "compiled": cfg.device.compile,
-        "cuda_graphs": cfg.device.cuda_graphs,
-    }
+    return build_optimizer(o.name, model, **hyper, foreach=section.device.foreach)

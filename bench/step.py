@@ -59,6 +59,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call
 
+from backends.base import StepSettings
 from backends.ipu_sim.backend import IpuSimBackend
 from backends.native import NativeBackend
 from models import batchnorm, build_resnet50
@@ -102,23 +103,15 @@ def sgd(model: nn.Module) -> torch.optim.SGD:
 
 def harness(policy: Policy, grad_accum: int = 1) -> Loop:
     model = build_model()
-    backend = NativeBackend(
-        model,
-        sgd(model),
-        torch.device("cpu"),
-        label_smoothing=LABEL_SMOOTHING,
-        policy=policy,
-        seed=SEED,
-        grad_accum=grad_accum,
-    )
+    step = StepSettings(label_smoothing=LABEL_SMOOTHING, policy=policy, seed=SEED, grad_accum=grad_accum)
+    backend = NativeBackend(model, sgd(model), torch.device("cpu"), step)
     return backend_loop(backend)
 
 
 def ipu_sim(replicas: int) -> Loop:
     model = build_model()
-    backend = IpuSimBackend(
-        model, sgd(model), torch.device("cpu"), label_smoothing=LABEL_SMOOTHING, seed=SEED, replicas=replicas
-    )
+    step = StepSettings(label_smoothing=LABEL_SMOOTHING, seed=SEED)
+    backend = IpuSimBackend(model, sgd(model), torch.device("cpu"), step, replicas=replicas)
     return backend_loop(backend)
 
 

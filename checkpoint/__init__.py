@@ -4,7 +4,8 @@ A training run's checkpoint holds its backend's state, where its loop stood, wha
 sizes its logs had, so that `restore_run` continues it bitwise (`save_run` writes it, `restore_point` finds it).
 A write that fails (a full disk, a read-only directory) leaves the previous checkpoint as it was and raises
 rundir.StorageError; `room_needed` is the free space a run directory needs for its checkpoints, and
-`refuse_a_directory_too_small` refuses one without it before the run starts.
+`refuse_a_directory_too_small` refuses one without it before the run starts. A run uses them through its
+`checkpointer.Checkpointer`, which owns when to save and what is left at the run's end.
 """
 
 from __future__ import annotations
@@ -41,8 +42,14 @@ class Loop:
     epoch: int = 1
     step: int = 0
     run_start: float = 0.0
-    batch: int = 0
+    epoch_step: int = 0  # the steps taken in the epoch under way
     losses: list[torch.Tensor] = field(default_factory=list)
+
+    @classmethod
+    def saved(cls, position: dict[str, Any], losses: list[torch.Tensor]) -> Loop:
+        """The loop as a checkpoint holds it; those written before 2026-11-30 named epoch_step "batch"."""
+        renamed = {("epoch_step" if key == "batch" else key): value for key, value in position.items()}
+        return cls(**renamed, losses=losses)
 
 
 def restore_point(out_dir: Path, log_file: str, resume: str, fingerprint: dict[str, Any]) -> dict[str, Any] | None:
@@ -108,7 +115,7 @@ def restore_run(state: dict[str, Any], backend: Backend, rank: int) -> tuple[Loo
     except (RuntimeError, KeyError, ValueError) as err:
         raise CheckpointError(f"checkpoint does not fit this model and optimizer: {err}") from err
     set_rng_state(own["rng"])
-    loop = Loop(**state["loop"], losses=list(own["losses"].to(backend.device).unbind()))
+    loop = Loop.saved(state["loop"], list(own["losses"].to(backend.device).unbind()))
     return loop, state["log_sizes"]
 
 

@@ -100,16 +100,18 @@ def _no_added_keys(section: DataclassInstance, prefix: str = "") -> None:
             _no_added_keys(value, f"{prefix}{name}.")
 
 
-def validate(cfg: Config, world_size: int = 1) -> None:
-    """Check every value a user can set; raise ConfigError for the first one that is wrong."""
+def validate(cfg: Config, world_size: int = 1) -> BatchShape:
+    """Check every value a user can set; raise ConfigError for the first one that is wrong. Returns the run's batch
+    shape on `world_size` ranks, worked out here once."""
     _no_added_keys(cfg)
     _validate_model(cfg.model)
-    shape = batch_shape(cfg, world_size)
-    validate_data(cfg.data, shape.ranks * shape.grad_accum, reads_files=cfg.run.mode == "train")
+    validate_data(cfg.data, reads_files=cfg.run.mode == "train")
     validate_optim(cfg.optim, cfg.run.max_epochs)
     validate_precision(cfg.precision)
-    validate_device(cfg.device, cfg.dist.bn_group_size, shape)
     _validate_dist(cfg.dist, world_size, bn_groups_of_ranks=not simulated(cfg.device))
+    shape = batch_shape(cfg, world_size)
+    validate_device(cfg.device, cfg.dist.bn_group_size, shape)
+    _validate_batch(shape, cfg.device)
     validate_mlperf(cfg.mlperf)
     require(
         cfg.mlperf.clock == "wall" or simulated(cfg.device),
@@ -129,6 +131,19 @@ def validate(cfg: Config, world_size: int = 1) -> None:
         "device",
         f"{cfg.device.cluster and cfg.device.cluster.name} describes GPU nodes to project onto (run.mode=project);"
         " to run on this machine's GPU, use device=cuda",
+    )
+    return shape
+
+
+def _validate_batch(shape: BatchShape, device: DeviceConfig) -> None:
+    """The one rule of how a global batch deals: the same whole number of images to each micro-batch of every
+    replica (a rank's, a simulated IPU replica's, or a projected GPU's)."""
+    dealt_to = "replicas" if simulated(device) else "GPUs" if gpu_cluster(device) else "ranks"
+    require(
+        shape.global_batch % (shape.replicas * shape.grad_accum) == 0,
+        "data.global_batch",
+        f"{shape.global_batch} images do not deal evenly to {shape.replicas} {dealt_to} x dist.grad_accum "
+        f"{shape.grad_accum}",
     )
 
 

@@ -62,9 +62,9 @@ class DataConfig:
     synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
 
 
-def validate(data: DataConfig, batch_divisor: int, reads_files: bool = True) -> None:
-    """Raise ConfigError for the first wrong value; the global batch must divide into `batch_divisor` (ranks x
-    gradient accumulation). `reads_files`: the run opens the dataset, so an ImageNet root must exist."""
+def validate(data: DataConfig, reads_files: bool = True) -> None:
+    """Raise ConfigError for the first wrong value (how the global batch deals is configs.schema's check: it
+    depends on the device). `reads_files`: the run opens the dataset, so an ImageNet root must exist."""
     one_of(data.name, "data.name", DATASETS)
     if data.name == "imagenet" and reads_files:
         require(data.root is not None, "data.root", "ImageNet needs data.root=/path/to/imagenet")
@@ -78,11 +78,6 @@ def validate(data: DataConfig, batch_divisor: int, reads_files: bool = True) -> 
     )
     require(0 < data.crop_area_min <= 1, "data.crop_area_min", f"must be in (0, 1], got {data.crop_area_min}")
     positive(data.global_batch, "data.global_batch")
-    require(
-        data.global_batch % batch_divisor == 0,
-        "data.global_batch",
-        f"{data.global_batch} is not divisible by world size x dist.grad_accum = {batch_divisor}",
-    )
     positive(data.eval_batch, "data.eval_batch")
     require(
         data.workers is None or data.workers >= 0, "data.workers", f"must be 0 or more, or null, got {data.workers}"

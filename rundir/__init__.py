@@ -22,7 +22,7 @@ one of these names takes it from here, so this table is the whole directory:
     .checkpoint.pt.tmp   checkpoint.pt, model.pt or resume.sh while it is        checkpoint,
     .model.pt.tmp        written, then renamed into place (a killed run may      distributed.stop
     .resume.sh.tmp       leave one)
-    projection.txt       run.mode=project, instead of the training files:        projection.mode
+    projection.txt       run.mode=project, instead of the training files:        project
     projection.json      all it printed, and its last line (the figures)
 
 run.mode=benchmark writes nothing of its own. Later tools find runs with `find_run_dirs` (mlperf_logs.summarize) and

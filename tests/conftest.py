@@ -8,8 +8,9 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any, NamedTuple
 
 import pytest
 import torch
@@ -81,6 +82,72 @@ def run_train(
     if check and result.returncode != 0:
         raise AssertionError(f"train.py failed ({result.returncode}):\n{result.stdout}\n{result.stderr}")
     return result
+
+
+# Runs of train.py as a user starts them (train.py and its overrides), one after the other in one process, so that
+# the imports (seconds each time) are paid once: train.py's own __main__, its exit status and what it printed, as
+# JSON. For runs whose outcome a test reads; a stop signal, a crash or an exit status seen by a shell needs a
+# process of its own (run_train).
+DRIVER = """
+import contextlib, io, json, runpy, sys
+results = []
+for overrides in json.loads(sys.argv[1]):
+    sys.argv = ["train.py", *overrides]
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            runpy.run_path("train.py", run_name="__main__")
+            status = 0
+        except SystemExit as done:
+            status = done.code if isinstance(done.code, int) else 1
+    results.append({"overrides": overrides, "status": status, "stdout": out.getvalue(), "stderr": err.getvalue()})
+print(json.dumps(results))
+"""
+
+
+def run_trains(runs: Sequence[Sequence[str]], cache: Path, timeout: float = 600) -> list[dict[str, Any]]:
+    """Each of `runs` (overrides) through train.py's __main__, in order, in one process (DRIVER) with the test
+    cache: for each, {"overrides", "status", "stdout", "stderr"}."""
+    result = subprocess.run(
+        [sys.executable, "-c", DRIVER, json.dumps([list(run) for run in runs])],
+        cwd=REPO,
+        env=train_env(cache),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout.splitlines()[-1])
+
+
+# Tiny runs never stopped that tests read or compare with, by name: each test module declares its own as it is
+# imported (straight_run), and the `straight_runs` fixture makes every declared one in one process on first use.
+STRAIGHT: dict[str, tuple[str, ...]] = {}
+
+
+class StraightRun(NamedTuple):
+    run_dir: Path  # alone in its parent folder
+    status: int
+    stdout: str
+    stderr: str
+
+
+def straight_run(name: str, *overrides: str) -> str:
+    """Declare a run (`overrides`, without hydra.run.dir) for the `straight_runs` fixture; returns its name."""
+    assert STRAIGHT.get(name, overrides) == overrides, f"two runs declared as {name!r}"
+    STRAIGHT[name] = overrides
+    return name
+
+
+@pytest.fixture(scope="session")
+def straight_runs(cache_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, StraightRun]:
+    """Every declared straight run, made in one process (run_trains), by name."""
+    run_dirs = {name: tmp_path_factory.mktemp("straight") / "run" for name in STRAIGHT}
+    outcomes = run_trains([(*STRAIGHT[name], f"hydra.run.dir={run_dirs[name]}") for name in STRAIGHT], cache_dir)
+    return {
+        name: StraightRun(run_dirs[name], outcome["status"], outcome["stdout"], outcome["stderr"])
+        for name, outcome in zip(STRAIGHT, outcomes, strict=True)
+    }
 
 
 # What a mistake in the overrides raises before a run starts; train.py tells each in one line, with exit status 2.

@@ -1,12 +1,14 @@
-"""The house's shape: imports point one way, with no circle anywhere in the library."""
+"""The house's shape: imports point one way, down the floors docs/architecture.md draws, with no circle anywhere in
+the library."""
 
 import ast
+import re
 import tomllib
 from pathlib import Path
 
 from tests.conftest import REPO
 
-LIBRARY = ("benchmark.py", "train.py")  # and every package below the repository
+LIBRARY = ("benchmark.py", "ending.py", "project.py", "starting.py", "train.py")  # and every package below them
 
 
 def module_name(path: Path) -> str:
@@ -65,9 +67,59 @@ def circles(graph: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
-def test_no_import_circle_anywhere_in_the_library():
+def rooms() -> set[str]:
+    """The rooms of the tree as docs/architecture.md names them: `train.py`, `backends/`."""
+    packages = {f"{path.parent.name}/" for path in REPO.glob("*/__init__.py")} - {"tests/", "bench/"}
+    return {*LIBRARY, *packages, "hydra_plugins/"}
+
+
+def floors(page: str) -> dict[str, int]:
+    """Each room's floor, from the page's table of floors: a row `| 2 | `models/`, `optim/` | ... |` puts the rooms
+    its second cell names in backticks on floor 2."""
+    found: dict[str, int] = {}
+    for line in page.splitlines():
+        if row := re.match(r"\|\s*(\d+)\s*\|([^|]*)\|", line):
+            for room in re.findall(r"`([^`]+)`", row[2]):
+                assert room not in found, f"{room} stands on two floors of docs/architecture.md"
+                found[room] = int(row[1])
+    return found
+
+
+def room_of(module: str, floors: dict[str, int]) -> str:
+    """A module's room: its top-level module (`train.py`) or package (`backends/` for backends.ipu_sim.partition)."""
+    top = module.split(".")[0]
+    return f"{top}.py" if f"{top}.py" in floors else f"{top}/"
+
+
+def config_module(module: str) -> bool:
+    """A component's section of the configuration, `<room>/config.py`: the one module any room may import."""
+    return module.count(".") == 1 and module.endswith(".config")
+
+
+def imports_not_down(graph: dict[str, set[str]], floors: dict[str, int]) -> list[str]:
+    """The imports between rooms that do not point to a lower floor (`module -> module`), but for those of a config
+    module."""
+    return [
+        f"{module} -> {other}"
+        for module in sorted(graph)
+        for other in sorted(graph[module])
+        if room_of(other, floors) != room_of(module, floors)
+        and not config_module(other)
+        and floors[room_of(other, floors)] >= floors[room_of(module, floors)]
+    ]
+
+
+def library_graph() -> dict[str, set[str]]:
     modules = library_modules()
-    graph = {name: imports(path, modules) - {name} for name, path in modules.items()}
+    return {name: imports(path, modules) - {name} for name, path in modules.items()}
+
+
+def architecture_page() -> str:
+    return (REPO / "docs" / "architecture.md").read_text()
+
+
+def test_no_import_circle_anywhere_in_the_library():
+    graph = library_graph()
     assert {"train", "configs.schema", "data.jpeg._jpeg", "hydra_plugins.rn50perf_slurm"} <= graph.keys()
     assert circles(graph) == []
 
@@ -76,14 +128,53 @@ def test_the_circle_finder_finds_a_circle():
     assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 
 
+def test_every_import_between_rooms_points_down_a_floor():
+    """An import from one room to another points to a lower floor of docs/architecture.md, unless it imports a config
+    module (configs/schema.py composes them all; any room may read one)."""
+    floor = floors(architecture_page())
+    assert rooms() <= floor.keys(), "a room with no floor: test_every_room_of_the_tree_has_a_floor says which"
+    assert imports_not_down(library_graph(), floor) == []
+
+
+def test_the_direction_check_finds_an_import_that_does_not_point_down():
+    floors = {"top.py": 3, "mid/": 2, "side/": 2, "low/": 1}
+    graph = {
+        "top": {"mid.a", "low.b"},
+        "mid.a": {"mid.config", "low.b", "side.c"},  # across to the same floor
+        "mid.config": set(),
+        "side.c": set(),
+        "low.b": {"low.d", "mid.config", "mid.a"},  # up, to an implementation
+        "low.d": {"top"},  # up, to the top
+    }
+    assert imports_not_down(graph, floors) == ["low.b -> mid.a", "low.d -> top", "mid.a -> side.c"]
+
+
+def test_config_modules_import_only_the_ground_floor_and_each_other():
+    """Reading a config module never runs an implementation: a config module imports config modules and the rooms of
+    floor 1 only."""
+    floor = floors(architecture_page())
+    graph = library_graph()
+    wider = [
+        f"{module} -> {other}"
+        for module in sorted(filter(config_module, graph))
+        for other in sorted(graph[module])
+        if not config_module(other) and floor[room_of(other, floor)] != 1
+    ]
+    assert wider == []
+
+
+def test_every_room_of_the_tree_has_a_floor():
+    """docs/architecture.md's floors hold every room of the tree, and name nothing the tree lacks."""
+    floor = floors(architecture_page())
+    assert rooms() - floor.keys() == set(), "rooms with no floor in docs/architecture.md"
+    assert floor.keys() - rooms() == set(), "floors of docs/architecture.md name rooms the tree lacks"
+
+
 def test_the_architecture_page_names_every_room_of_the_tree():
     """docs/architecture.md's table of rooms holds the library's top-level modules and packages, and names nothing
     the tree lacks (a subpackage such as data/jpeg/ may have its own row)."""
-    page = (REPO / "docs" / "architecture.md").read_text()
-    rows = {line.split("`")[1] for line in page.splitlines() if line.startswith("| `")}
-    packages = {f"{path.parent.name}/" for path in REPO.glob("*/__init__.py")} - {"tests/", "bench/"}
-    rooms = {*LIBRARY, *packages, "hydra_plugins/"}
-    assert rooms <= rows
+    rows = {line.split("`")[1] for line in architecture_page().splitlines() if line.startswith("| `")}
+    assert rooms() <= rows
     assert all((REPO / row).exists() for row in rows)
 
 

@@ -8,12 +8,12 @@ import torch
 from torch._dynamo.utils import counters
 
 from backends import build
-from backends.base import Backend
+from backends.base import Backend, BackendSection, StepSettings
 from backends.build import facts_on
 from backends.config import DEVICES, EXECUTING
 from backends.graphs import why_not_captured
 from backends.ipu_sim.backend import IpuSimBackend
-from backends.native import NativeBackend, norm_layer, settings
+from backends.native import NativeBackend, norm_layer
 from configs.checks import ConfigError
 from configs.schema import Config, batch_shape
 from distributed import Topology
@@ -27,7 +27,12 @@ from tests.test_precision import TinyNet
 
 def built_from(cfg: Config, classes: int = 4) -> Backend:
     """The backend train.py builds from `cfg` on one rank."""
-    return build.from_config(cfg, build.run_facts(cfg, Topology()), classes)
+    return build.from_config(cfg, build.run_facts(cfg, Topology(), batch_shape(cfg, 1)), classes)
+
+
+def section_of(cfg: Config, world_size: int = 1) -> BackendSection:
+    """The backend's section of `cfg`, as rank 0 of `world_size` ranks reads it."""
+    return build.section_of(cfg, build.run_facts(cfg, Topology(world_size=world_size), batch_shape(cfg, world_size)))
 
 
 def test_every_device_a_run_can_execute_on_has_a_backend():
@@ -70,8 +75,9 @@ def test_device_foreach_picks_the_optimizers_implementation(optimizer, foreach):
 )
 def test_device_bn_16bit_input_is_on_for_cuda_unless_set(value, on_cuda, on_cpu):
     cfg = composed(f"device.bn_16bit_input={value}")
-    assert settings(cfg, facts_on(cfg, Topology(), torch.device("cuda")))["batchnorm_16bit"] is on_cuda
-    assert settings(cfg, facts_on(cfg, Topology(), torch.device("cpu")))["batchnorm_16bit"] is on_cpu
+    for device, on in (("cuda", on_cuda), ("cpu", on_cpu)):
+        facts = facts_on(cfg, Topology(), torch.device(device), batch_shape(cfg, 1))
+        assert build.section_of(cfg, facts).step.batchnorm_16bit is on
 
 
 def random_batch(batch: int, image_size: int, classes: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -119,7 +125,8 @@ def test_a_compiled_model_compiles_ahead_of_the_clock_then_trains_as_the_eager_o
         torch.manual_seed(0)
         model = TinyNet()
         optimizer = LARS(param_groups(model, 5e-5), lr=0.5)
-        built.append(NativeBackend(model, optimizer, torch.device("cpu"), label_smoothing=0.1, compiled=compiled))
+        step = StepSettings(label_smoothing=0.1, compiled=compiled)
+        built.append(NativeBackend(model, optimizer, torch.device("cpu"), step))
     eager, compiled = built
     before = copy.deepcopy((compiled.state_dict(), compiled.rank_state_dict()))
     graphs = counters["stats"]["unique_graphs"]
@@ -169,15 +176,15 @@ def test_a_compiled_resnet50_from_the_config_trains_and_evaluates_as_the_eager_o
 def test_batchnorm_spans_the_configured_group_of_ranks():
     """DistributedBatchNorm2d over dist.bn_group_size ranks (the torchrun run of tests/test_distributed.py that
     trains to the target with it is slow); BatchNorm2d for a group of one."""
-    over_both = norm_layer(composed("dist.bn_group_size=2", world_size=2))(8)
+    over_both = norm_layer(section_of(composed("dist.bn_group_size=2", world_size=2), world_size=2))(8)
     assert isinstance(over_both, DistributedBatchNorm2d) and over_both.group_size == 2
-    assert type(norm_layer(composed())(8)) is torch.nn.BatchNorm2d
+    assert type(norm_layer(section_of(composed()))(8)) is torch.nn.BatchNorm2d
 
 
 def test_a_simulated_ipu_backend_takes_its_ranks_share_of_the_replicas():
     overrides = ("device=ipu_pod16", "device.replicas=4", "data.global_batch=16", "dist.bn_group_size=2")
     cfg = composed(*overrides, world_size=2)
-    backend = build.from_config(cfg, build.run_facts(cfg, Topology(rank=1, world_size=2)), 4)
+    backend = build.from_config(cfg, build.run_facts(cfg, Topology(rank=1, world_size=2), batch_shape(cfg, 2)), 4)
     assert type(backend) is IpuSimBackend and backend.device == torch.device("cpu")
     assert (backend.replicas, backend.bn_group) == (2, 2)
     assert backend.clock.step_s > 0  # timed by the cost model once the memory plan fits

@@ -7,7 +7,7 @@ import torch
 
 import checkpoint
 from checkpoint import CheckpointError
-from tests.conftest import ALL_EPOCHS, TINY_RUN, run_train
+from tests.conftest import ALL_EPOCHS, TINY_RUN, run_train, straight_run
 
 ADVICE = (
     "is damaged or not a checkpoint of this harness: the run cannot continue; start it again with a new hydra.run.dir"
@@ -32,7 +32,14 @@ def test_a_file_that_is_not_our_checkpoint_is_refused_with_what_to_do(write, tmp
     assert str(refused.value) == f"{path} {ADVICE}"
 
 
-def test_train_py_refuses_a_garbage_checkpoint_in_one_line_with_exit_status_2(cache_dir, tmp_path):
+# What the advice says: a run started again with a new hydra.run.dir (made with other modules' tiny runs in one
+# process: conftest.straight_runs).
+STARTED_AGAIN = straight_run(
+    "test_checkpoint started again", *TINY_RUN, "run.max_epochs=1", *ALL_EPOCHS, "run.resume=auto"
+)
+
+
+def test_train_py_refuses_a_garbage_checkpoint_in_one_line_with_exit_status_2(cache_dir, straight_runs, tmp_path):
     """In the directory of a stopped run, whose log and config it leaves as they were."""
     (tmp_path / "checkpoint.pt").write_bytes(os.urandom(5000))
     (tmp_path / "mlperf.log").write_text(':::MLLOG {"key": "run_stop"}\n')
@@ -43,12 +50,5 @@ def test_train_py_refuses_a_garbage_checkpoint_in_one_line_with_exit_status_2(ca
     (message,) = result.stderr.splitlines()  # one line: no traceback, no line of Hydra's
     assert message == f"error: {tmp_path / 'checkpoint.pt'} {ADVICE}"
     assert {path: path.read_bytes() for path in before} == before
-    started_again = (
-        *TINY_RUN,
-        "run.max_epochs=1",
-        *ALL_EPOCHS,
-        "run.resume=auto",
-        f"hydra.run.dir={tmp_path / 'again'}",
-    )
-    again = run_train(*started_again, cache=cache_dir)
-    assert again.returncode == 0, again.stderr  # the advice works: the run starts again there
+    again = straight_runs[STARTED_AGAIN]
+    assert again.status == 0, again.stderr  # the advice works: the run starts again there

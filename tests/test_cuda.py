@@ -18,11 +18,12 @@ import torch.distributed as dist
 
 import checkpoint
 import distributed
+from backends.base import StepSettings
 from backends.build import facts_on
 from backends.config import DeviceConfig
 from backends.native import NativeBackend
 from configs.checks import ConfigError
-from configs.schema import Config
+from configs.schema import Config, batch_shape
 from data.build import make_loader
 from data.device_decode import decode_crops
 from data.folder import find_classes, open_split
@@ -104,7 +105,9 @@ def test_16_bit_compute_on_cuda_is_native_unless_emulation_is_forced(
 def test_batches_are_pinned_for_a_cuda_device_only(tiny_tree: Path) -> None:
     split = train_split(tiny_tree)
     for device, pinned in ((torch.device("cpu"), False), (CUDA, True)):
-        loader = make_loader(config().data, split, facts_on(config(), Topology(), device), seed=1, train=True)
+        loader = make_loader(
+            config().data, split, facts_on(config(), Topology(), device, batch_shape(config(), 1)), seed=1, train=True
+        )
         assert loader._loader.pin_memory is pinned, device
 
 
@@ -124,8 +127,14 @@ def test_a_loader_asked_to_pin_gives_the_same_batches_with_or_without_a_gpu(tiny
 def test_batches_for_a_gpu_arrive_on_it_copied_ahead_on_a_side_stream(tiny_tree: Path, workers: int) -> None:
     cfg = config(workers)
     cfg.data.global_batch = 2  # three batches of the six images: each copied while the one before is in use
-    on_host = list(make_loader(cfg.data, train_split(tiny_tree), facts_on(cfg, Topology(), CPU), seed=1, train=True))
-    loader = make_loader(cfg.data, train_split(tiny_tree), facts_on(cfg, Topology(), CUDA), seed=1, train=True)
+    on_host = list(
+        make_loader(
+            cfg.data, train_split(tiny_tree), facts_on(cfg, Topology(), CPU, batch_shape(cfg, 1)), seed=1, train=True
+        )
+    )
+    loader = make_loader(
+        cfg.data, train_split(tiny_tree), facts_on(cfg, Topology(), CUDA, batch_shape(cfg, 1)), seed=1, train=True
+    )
     assert loader._loader.pin_memory  # the side stream's copies are from pinned memory, so they do not block
     on_gpu = [(images.clone(), labels.clone()) for images, labels in loader]  # clones: on the compute stream
     torch.cuda.synchronize()
@@ -236,9 +245,8 @@ def resnet_on_cuda(policy: Policy, seed: int = 0, batchnorm_16bit: bool = False)
     torch.manual_seed(0)
     model = build_resnet50(10, batchnorm(0.1, 1e-5), channels_last=True)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    return NativeBackend(
-        model, optimizer, CUDA, label_smoothing=0.1, policy=policy, seed=seed, batchnorm_16bit=batchnorm_16bit
-    )
+    step = StepSettings(label_smoothing=0.1, policy=policy, seed=seed, batchnorm_16bit=batchnorm_16bit)
+    return NativeBackend(model, optimizer, CUDA, step)
 
 
 def images_and_labels(seed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -386,7 +394,7 @@ def test_a_resnet50_step_on_cuda_never_waits_for_the_host(name: str) -> None:
     torch.manual_seed(0)
     model = build_resnet50(10, batchnorm(0.1, 1e-5), channels_last=True)
     optimizer = LARS(param_groups(model, 5e-5), lr=0.1, foreach=None)
-    backend = NativeBackend(model, optimizer, CUDA, label_smoothing=0.1, policy=CUDA_POLICIES[name])
+    backend = NativeBackend(model, optimizer, CUDA, StepSettings(label_smoothing=0.1, policy=CUDA_POLICIES[name]))
     batches = [tuple(t.to(CUDA) for t in images_and_labels(step)) for step in range(3)]
     backend.train_step(*batches[0], lr=0.1)  # creates the momentum buffers; cuDNN picks its kernels
     torch.cuda.synchronize()
@@ -464,20 +472,20 @@ def test_a_captured_step_trains_as_the_eager_one(name: str, ahead: bool) -> None
         torch.manual_seed(0)
         model = build_resnet50(10, batchnorm(0.1, 1e-5), channels_last=True)
         optimizer = LARS(param_groups(model, 5e-5), lr=0.1, foreach=None)
-        policy = CUDA_POLICIES[name]
-        built.append(NativeBackend(model, optimizer, CUDA, label_smoothing=0.1, policy=policy, cuda_graphs=cuda_graphs))
+        settings = StepSettings(label_smoothing=0.1, policy=CUDA_POLICIES[name], cuda_graphs=cuda_graphs)
+        built.append(NativeBackend(model, optimizer, CUDA, settings))
     eager, graphed = built
     if ahead:
         graphed.compile_ahead(train_batch=4, eval_batches=[4], image_size=32, classes=10)
-        assert graphed.graphed is not None
+        assert graphed.graphs.captured is not None
     batches = [tuple(t.to(CUDA) for t in images_and_labels(step)) for step in range(4)]
     for step, batch in enumerate(batches):
         losses = [backend.train_step(*batch, lr=0.1 / (step + 1)) for backend in built]
         torch.testing.assert_close(losses[1], losses[0], rtol=1e-3, atol=1e-4, msg=f"step {step}")
-    assert graphed.graphed is not None and eager.graphed is None
+    assert graphed.graphs.captured is not None and eager.graphs.captured is None
     if ahead:  # a resumed run loads the optimizer's state after compile_ahead: its tensors are new, so is the graph
         graphed.load_state_dict(graphed.state_dict())
-        assert graphed.graphed is None and graphed.capture
+        assert graphed.graphs.captured is None and graphed.graphs.pending
     assert graphed.loss_scale == eager.loss_scale and graphed.skipped_steps == eager.skipped_steps
     for ours, theirs in zip(graphed.model.state_dict().values(), eager.model.state_dict().values(), strict=True):
         if ours.is_floating_point():

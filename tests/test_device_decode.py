@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from PIL import Image
 
 from backends.build import facts_on
+from configs.schema import batch_shape
 from data import decode_choice, device_decode, jpeg, loader
 from data.build import decode_where_fastest, make_loader, open_splits
 from data.device_decode import decode_crops, resize_crops
@@ -286,7 +287,7 @@ def test_data_decode_picks_who_decodes(tiny_tree: Path, decode: str, share: floa
     overrides = ("data=imagenet", f"data.root={tiny_tree}", "data.global_batch=2", "data.device_share=0.3")
     cfg = composed(*overrides, f"data.decode={decode}")
     train, _ = open_splits(cfg.data, Topology())
-    facts = facts_on(cfg, Topology(), CPU)
+    facts = facts_on(cfg, Topology(), CPU, batch_shape(cfg, 1))
     made = make_loader(cfg.data, train, facts, seed=cfg.run.seed, train=True)
     assert made.dataset.device_share == share and made.device == CPU
     assert decode_where_fastest(cfg.data, (made,), facts) is None and made.dataset.device_share == share

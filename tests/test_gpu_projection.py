@@ -10,12 +10,13 @@ import json
 import pytest
 
 from configs.checks import ConfigError
+from configs.schema import batch_shape
+from project import gpu_projection, project
 from projection.calibration import fitted_ranges
 from projection.gpu import calibrate, cost
 from projection.gpu.calibrate import IN_SAMPLE
 from projection.gpu.cost import Layout
 from projection.gpu.measured import read_check
-from projection.mode import gpu_projection, project
 from projection.run import Schedule
 from tests.conftest import chosen_experiment, composed, run_train
 
@@ -96,7 +97,7 @@ def test_an_evaluation_takes_less_time_on_more_gpus(fitted):
 @pytest.mark.parametrize("device", DEVICES)
 def test_every_gpu_cluster_projects_with_the_ipu_reports_keys(device):
     cfg = composed("run.mode=project", "experiment=imagenet", f"device={device}", "device.nodes=2")
-    text = gpu_projection(cfg, command_line=[])
+    text = gpu_projection(cfg, batch_shape(cfg, 1), command_line=[])
     figures = json.loads(text.splitlines()[-1])
     keys = {"throughput_img_s", "throughput_img_s_range", "time_to_train_min", "time_to_train_min_range"}
     assert keys | {"epoch_s", "most_sensitive", "beyond_calibration"} <= figures.keys()
@@ -149,7 +150,8 @@ def test_a_step_measured_on_one_gpu_sets_the_compute_of_every_gpu(fitted, tmp_pa
 
 def projected_lines(capsys, *command_line: str) -> list[str]:
     """What `train.py COMMAND_LINE` prints for a projection, in process."""
-    project(composed(*command_line), None, command_line, chosen_experiment(*command_line))
+    cfg = composed(*command_line)
+    project(cfg, batch_shape(cfg, 1), None, command_line, chosen_experiment(*command_line))
     return capsys.readouterr().out.splitlines()
 
 

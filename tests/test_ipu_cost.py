@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from backends.ipu_sim.config import System
+from hardware.ipu import System
 from projection.ipu import calibrate, cost
 from projection.ipu.cost import Constants, RunShape, ring_allreduce_s, step_time
 from projection.profile import ModelProfile

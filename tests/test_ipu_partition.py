@@ -12,9 +12,9 @@ import models
 from backends.ipu_sim import partition, pipeline, simulator
 from configs.checks import ConfigError
 from configs.schema import batch_shape
+from project import listed_cuts
 from projection.ipu.memory import MB
 from projection.ipu.plan import Layout, Plan, plan_run
-from projection.mode import listed_cuts
 from tests.conftest import composed, config_error
 from tests.systems import system
 
@@ -80,13 +80,14 @@ def test_where_no_cut_fits_auto_names_the_overflow_and_what_would_help():
 
 def test_list_prints_every_cut_point_in_order_with_what_the_first_ipu_holds(capsys):
     cfg = composed("run.mode=project", "experiment=mlperf_pod16", "device.pipeline_splits=list", *SMALL)
-    assert listed_cuts(cfg)
+    assert listed_cuts(cfg, batch_shape(cfg, 1))
     rows = [line.split() for line in capsys.readouterr().out.splitlines() if line.startswith("  ")]
     assert rows[0] == ["cut", "at", "GFLOP", "ms", "weights", "MB", "activations", "MB", "IPU", "total", "MB"]
     assert [row[0] for row in rows[1:]][3:7] == ["layer1", "layer1.1", "layer1.2", "layer2"]
     weights = [float(row[3]) for row in rows[1:]]
     assert weights == sorted(weights) and weights[-1] > 40  # the prefixes grow to all but the classifier
-    assert not listed_cuts(composed("run.mode=project", "experiment=mlperf_pod16", *SMALL))
+    cfg = composed("run.mode=project", "experiment=mlperf_pod16", *SMALL)
+    assert not listed_cuts(cfg, batch_shape(cfg, 1))
 
 
 def test_auto_cuts_the_run_for_its_ipus_per_replica_and_says_where(capsys):

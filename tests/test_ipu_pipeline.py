@@ -10,6 +10,7 @@ import pytest
 import torch
 from torch import nn
 
+from backends.base import StepSettings
 from backends.ipu_sim.backend import IpuSimBackend
 from backends.ipu_sim.pipeline import Event, Pipeline, schedule
 from models.resnet import ResNet50, batchnorm, build_resnet50
@@ -44,18 +45,12 @@ def net(dtype: torch.dtype = torch.float64) -> nn.Module:
     ).to(dtype)
 
 
-def ipu_sim(model: nn.Module, grad_accum: int, splits: Sequence[str], **kwargs: object) -> IpuSimBackend:
+def ipu_sim(
+    model: nn.Module, grad_accum: int, splits: Sequence[str], policy: Policy | None = None, **layout: object
+) -> IpuSimBackend:
     sgd = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-4)
-    return IpuSimBackend(
-        model,
-        sgd,
-        torch.device("cpu"),
-        label_smoothing=0.1,
-        grad_accum=grad_accum,
-        replicas=REPLICAS,
-        pipeline_splits=splits,
-        **kwargs,
-    )
+    step = StepSettings(label_smoothing=0.1, grad_accum=grad_accum, policy=policy or Policy())
+    return IpuSimBackend(model, sgd, torch.device("cpu"), step, replicas=REPLICAS, pipeline_splits=splits, **layout)
 
 
 def train(backend: IpuSimBackend, shape: tuple[int, ...], steps: int = STEPS) -> dict[str, object]:

@@ -11,6 +11,7 @@ import pytest
 import torch
 from torch import nn
 
+from backends.base import StepSettings
 from backends.ipu_sim import simulator
 from backends.ipu_sim.backend import IpuSimBackend, device_clock
 from backends.ipu_sim.clock import DeviceClock
@@ -19,10 +20,10 @@ from configs.schema import Config, batch_shape, validate
 from mlperf_logs.logger import MLPerfLogger
 from monitor.metrics import EpochMetrics
 from monitor.progress import Simulated, epoch_line, print_summary
+from project import project, subject
 from projection.ipu import cost, report
 from projection.ipu.assumptions import ASSUMPTIONS
 from projection.ipu.calibrate import POD64
-from projection.mode import project, subject
 from projection.run import Schedule
 from tests.conftest import assert_compliant, chosen_experiment, composed, mllog_events, record_margin, run_train
 from tests.systems import system
@@ -65,7 +66,7 @@ V2_0_RECIPES = {
 
 
 def schedule_of(cfg: Config) -> Schedule:
-    """The schedule run.mode=project gives the cost model (projection/mode.py)."""
+    """The schedule run.mode=project gives the cost model (project.py)."""
     return Schedule(cfg.run.max_epochs, eval_every=cfg.mlperf.eval_every, first_eval=cfg.mlperf.first_eval)
 
 
@@ -101,7 +102,8 @@ def test_a_v1_1_recipe_on_a_bow_system_is_told_where_its_checkpoints_moved():
 
 def test_a_pod256_recipe_is_projected_with_its_ranges_and_kept(tmp_path, capsys):
     command_line = ("run.mode=project", "experiment=mlperf_bow_pod256")
-    project(composed(*command_line), tmp_path, command_line, "mlperf_bow_pod256")
+    cfg = composed(*command_line)
+    project(cfg, batch_shape(cfg, 1), tmp_path, command_line, "mlperf_bow_pod256")
     stdout = capsys.readouterr().out
     figures = json.loads(stdout.strip().splitlines()[-1])
     assert (tmp_path / "projection.txt").read_text() == stdout  # the run directory keeps what was printed
@@ -136,7 +138,7 @@ def test_a_pod256_recipe_is_projected_with_its_ranges_and_kept(tmp_path, capsys)
 
     kept = files(tmp_path)  # a folder holding a projection's files, perhaps a user's: refused before any work
     with pytest.raises(ConfigError, match=r"already holds projection\.json, projection\.txt, which a projection"):
-        project(composed(*command_line), tmp_path, command_line, "mlperf_bow_pod256")
+        project(cfg, batch_shape(cfg, 1), tmp_path, command_line, "mlperf_bow_pod256")
     assert files(tmp_path) == kept
 
 
@@ -172,7 +174,8 @@ def test_an_oversubscribed_plan_is_refused_with_the_table_and_recomputation_make
 def tiny_backend(clock: DeviceClock) -> IpuSimBackend:
     model = nn.Sequential(nn.Flatten(), nn.Linear(12, 3))  # no BatchNorm: nothing to keep per replica group
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    return IpuSimBackend(model, optimizer, torch.device("cpu"), label_smoothing=0.0, replicas=2, clock=clock)
+    step = StepSettings(label_smoothing=0.0)
+    return IpuSimBackend(model, optimizer, torch.device("cpu"), step, replicas=2, clock=clock)
 
 
 def test_the_device_clock_moves_by_the_cost_models_time_and_resumes_where_it_was():

@@ -8,6 +8,7 @@ import pytest
 import torch
 from torch import nn
 
+from backends.base import StepSettings
 from backends.ipu_sim.backend import IpuSimBackend
 from backends.native import NativeBackend
 from configs.checks import ConfigError
@@ -57,14 +58,13 @@ def sgd(model: nn.Module) -> torch.optim.SGD:
 
 def _native_rank(rank: int, world_size: int, bn_group: int) -> dict[str, torch.Tensor]:
     model = net(partial(DistributedBatchNorm2d, group_size=bn_group))
-    backend = NativeBackend(model, sgd(model), torch.device("cpu"), label_smoothing=0.1, grad_accum=ACCUM)
+    backend = NativeBackend(model, sgd(model), torch.device("cpu"), StepSettings(label_smoothing=0.1, grad_accum=ACCUM))
     return train(backend, [(x[rank::world_size], y[rank::world_size]) for x, y in batches()])
 
 
-def ipu_sim_backend(model: nn.Module, replicas: int, **kwargs: object) -> IpuSimBackend:
-    return IpuSimBackend(
-        model, sgd(model), torch.device("cpu"), label_smoothing=0.1, grad_accum=ACCUM, replicas=replicas, **kwargs
-    )
+def ipu_sim_backend(model: nn.Module, replicas: int, bn_group: int = 1, **step: object) -> IpuSimBackend:
+    settings = StepSettings(label_smoothing=0.1, grad_accum=ACCUM, **step)
+    return IpuSimBackend(model, sgd(model), torch.device("cpu"), settings, replicas=replicas, bn_group=bn_group)
 
 
 def ipu_sim(bn_group: int) -> dict[str, torch.Tensor]:
@@ -137,7 +137,11 @@ def ipu_config(**device: object) -> Config:
 @pytest.mark.parametrize(
     ("settings", "key", "message"),
     [
-        ({"device__replicas": 3}, "data.global_batch", "64 is not micro-batch 21 x dist.grad_accum 1 x 3 replicas"),
+        (
+            {"device__replicas": 3},
+            "data.global_batch",
+            "64 images do not deal evenly to 3 replicas x dist.grad_accum 1",
+        ),
         ({"device__pipeline_splits": ["layer3"]}, "dist.grad_accum", "a pipeline of 2 stages needs at least 2"),
         (
             {"device__replicas": 16, "device__pipeline_splits": ["layer3"], "dist__grad_accum": 2},

@@ -15,6 +15,7 @@ import pytest
 import torch
 from torch import nn
 
+from backends.base import StepSettings
 from backends.native import NativeBackend
 from models import batchnorm, build_resnet50
 from optim import precision
@@ -67,9 +68,8 @@ def backend_for(
     model = TinyNet()
     cpu = torch.device("cpu")
     optimizer = OPTIMIZERS[optimizer](param_groups(model, 5e-5), lr=0.1)
-    return NativeBackend(
-        model, optimizer, cpu, label_smoothing=0.1, policy=policy, seed=seed, batchnorm_16bit=batchnorm_16bit
-    )
+    step = StepSettings(label_smoothing=0.1, policy=policy, seed=seed, batchnorm_16bit=batchnorm_16bit)
+    return NativeBackend(model, optimizer, cpu, step)
 
 
 HOST_READS = ("item", "tolist", "numpy", "__bool__", "__float__", "__int__", "__index__", "__array__")

@@ -23,7 +23,6 @@ from typing import NamedTuple
 import pytest
 import torch
 import torchvision
-import yaml
 
 import checkpoint
 import rundir
@@ -47,6 +46,8 @@ from tests.conftest import (
     processes_mentioning,
     record_margin,
     run_train,
+    run_trains,
+    straight_run,
     tensorboard_scalars,
     train_env,
 )
@@ -65,12 +66,25 @@ RESUME_RUN = ("experiment=smoke", "run.max_epochs=3", *ALL_EPOCHS)
 CHECKER_LOG = "compliance_checker.log"  # the checker's own, in the directory it runs in (conftest.assert_read_whole)
 
 
+# The recipes run once without a stop, which the whole-run tests read and the stopped ones compare with: made
+# together, in one process, with the other test modules' (conftest.straight_runs).
+STRAIGHT = {
+    TWO_EPOCHS: straight_run("test_run lars", *TWO_EPOCHS),
+    ONE_STEP_EPOCHS: straight_run("test_run sgd", *ONE_STEP_EPOCHS),
+    DEVICE_DECODED: straight_run("test_run decoded on the device", *DEVICE_DECODED),
+}
+
+
 @pytest.fixture(scope="module")
-def straight(cache_dir, tmp_path_factory) -> Callable[[tuple[str, ...]], Path]:
-    """Run directories of recipes run once without a stop, by recipe, made on first use."""
+def straight(straight_runs, cache_dir, tmp_path_factory) -> Callable[[tuple[str, ...]], Path]:
+    """Run directories of recipes run once without a stop, by recipe: STRAIGHT's, or made on first use."""
     runs: dict[tuple[str, ...], Path] = {}
 
     def run_of(recipe: tuple[str, ...]) -> Path:
+        if recipe in STRAIGHT:
+            run = straight_runs[STRAIGHT[recipe]]
+            assert run.status == 0, f"train.py failed ({run.status}):\n{run.stdout}\n{run.stderr}"
+            return run.run_dir
         if recipe not in runs:
             runs[recipe] = tmp_path_factory.mktemp("straight")
             run_train(*recipe, f"hydra.run.dir={runs[recipe]}", cache=cache_dir, check=True)
@@ -110,8 +124,8 @@ def assert_a_whole_run(run_dir: Path, optimizer: str) -> None:
     assert "data wait" in epoch_line
     events = mllog_events(run_dir / "mlperf.log")
     assert next(e for e in events if e["key"] == "opt_name")["value"] == optimizer
-    seed = next(e for e in events if e["key"] == "seed")
-    assert seed["metadata"]["file"] == "train.py"  # mllog names the real call site
+    block = next(e for e in events if e["key"] == "block_start")
+    assert block["metadata"]["file"] == "train.py"  # mllog names the real call site, not the logger's module
     for name in ("config.yaml", "metrics.csv", "metrics.png", "model.pt"):
         assert (run_dir / name).exists(), name
     weights = torch.load(run_dir / "model.pt", weights_only=True)
@@ -255,16 +269,19 @@ def assert_stopped_cleanly(run_dir: Path, stopped: StoppedRun, signum: signal.Si
 
 def test_a_run_stopped_at_the_end_of_an_epoch_then_killed_resumes_to_the_same_run(straight, cache_dir, tmp_path):
     """SIGINT as the loop starts: the stop comes at step 1, the end of epoch 1 and before its evaluation. A new
-    run in its directory is refused, its files untouched; resumed, it is killed (SIGKILL) once it has written its
-    next checkpoint, and resumed again it ends with the weights of a run never stopped, with one valid log."""
+    run in its directory is refused, its files untouched (by the call train.py makes before it writes anything:
+    that train.py refuses so with exit status 2, leaving the folder's files as they were, test_user_files checks);
+    resumed, it is killed (SIGKILL) once it has written its next checkpoint, and resumed again it ends with the
+    weights of a run never stopped, with one valid log."""
     command = [sys.executable, "train.py", *ONE_STEP_EPOCHS, f"hydra.run.dir={tmp_path}"]
     stopped = stop_when(command, cache_dir, loop_started(tmp_path), signal.SIGINT)
     assert_stopped_cleanly(tmp_path, stopped, signal.SIGINT, "step 1 (epoch 1, 1 of its 1 steps done)")
     assert "eval_start" not in [e["key"] for e in mllog_events(tmp_path / "mlperf.log")]  # before its evaluation
 
     files = {name: (tmp_path / name).read_bytes() for name in ("mlperf.log", "config.yaml", "checkpoint.pt")}
-    again = run_train(*ONE_STEP_EPOCHS, f"hydra.run.dir={tmp_path}", cache=cache_dir)  # without run.resume=auto
-    assert again.returncode == 2 and "a stopped run; continue it with run.resume=auto" in again.stderr
+    with pytest.raises(ConfigError) as again:  # a new run there, without run.resume=auto
+        checkpoint.restore_point(tmp_path, "mlperf.log", "none", fingerprint={})
+    assert again.value.key == "run.resume" and "a stopped run; continue it with run.resume=auto" in str(again.value)
     assert {name: (tmp_path / name).read_bytes() for name in files} == files
 
     first = (tmp_path / "checkpoint.pt").stat().st_ino  # the next is renamed into place whole: a new inode
@@ -281,6 +298,11 @@ def test_a_run_stopped_at_the_end_of_an_epoch_then_killed_resumes_to_the_same_ru
     assert_same_run(straight(ONE_STEP_EPOCHS), tmp_path)
 
 
+# Slow: make test checks what it adds elsewhere: a periodic checkpoint mid-epoch resumed to the same run (the disk
+# that fills, below, with run.checkpoint_every_steps=2), SIGKILL and then a resume (the end-of-epoch test above), a
+# resume mid-epoch reading the same batches (the run with workers stopped twice) and the device's half of each batch
+# equal to the workers' (tests/test_device_decode.py).
+@pytest.mark.slow
 def test_a_run_checkpointing_every_few_steps_killed_mid_epoch_resumes_to_the_same_run(straight, cache_dir, tmp_path):
     """run.checkpoint_every_steps=3 over epochs of 4 steps: a checkpoint at step 3, mid-epoch, where SIGKILL (no
     chance to save) finds it; resumed from there, the run ends with the weights of one never stopped. Half of each
@@ -429,33 +451,46 @@ def test_an_unreadable_training_file_is_skipped_and_reported_or_fatal_by_policy(
     bad.write_bytes(bad.read_bytes()[:300])  # truncated inside the entropy-coded data
 
     two_epochs = ("run.max_epochs=2", *ALL_EPOCHS)  # the file met twice, reported once
-    skipped = run_train(*data, *two_epochs, f"hydra.run.dir={tmp_path / 'skip'}", cache=cache_dir, check=True)
-    assert "1 unreadable files skipped" in skipped.stdout
-    assert (skipped.stdout + skipped.stderr).count(f"skipped an unreadable file: {bad}") == 1
+    skip, fail = (*data, *two_epochs, f"hydra.run.dir={tmp_path / 'skip'}"), (*data, "data.corrupt=fail")
+    skipped, fatal = run_trains([skip, (*fail, f"hydra.run.dir={tmp_path / 'fail'}")], cache_dir)  # one process
+    assert skipped["status"] == 0, skipped
+    assert "1 unreadable files skipped" in skipped["stdout"]
+    assert (skipped["stdout"] + skipped["stderr"]).count(f"skipped an unreadable file: {bad}") == 1
     assert_compliant_but_for_accuracy(tmp_path / "skip" / "mlperf.log", tmp_path)
     logged = [e["value"] for e in mllog_events(tmp_path / "skip" / "mlperf.log") if e["key"] == SKIPPED_FILES]
     assert logged == [{"epoch": 1, "files": [str(bad)], "total": 1}]  # named once, in the epoch that met it first
 
-    fatal = run_train(*data, "data.corrupt=fail", f"hydra.run.dir={tmp_path / 'fail'}", cache=cache_dir)
-    assert fatal.returncode == 2
-    assert f"error: unreadable file {bad}" in fatal.stderr
-    assert "Traceback" not in fatal.stderr
+    assert fatal["status"] == 2
+    assert f"error: unreadable file {bad}" in fatal["stderr"]
+    assert "Traceback" not in fatal["stderr"]
     stop = [e for e in mllog_events(tmp_path / "fail" / "mlperf.log") if e["key"] == "run_stop"]
     assert [e["metadata"]["status"] for e in stop] == ["aborted"]
 
 
+# One epoch of TINY_RUN under 16-bit policies, native or emulated as precision.emulate says (conftest.straight_runs:
+# in one process, with the other tiny runs), by (policy, emulate).
+POLICY_RUNS = {
+    (policy, emulate): straight_run(
+        f"test_run {policy} emulate={emulate}",
+        *TINY_RUN,
+        f"precision={policy}",
+        f"precision.emulate={emulate}",
+        "run.max_epochs=1",
+        "run.allow_not_converged=true",
+    )
+    for policy in ("fp16.16", "bf16")
+    for emulate in ("auto", "always")
+}
+
+
 @pytest.fixture(scope="module")
-def policy_runs(cache_dir, tmp_path_factory) -> dict[tuple[str, str], Path]:
-    """One epoch of TINY_RUN under 16-bit policies, native or emulated as precision.emulate says, in one sweep:
-    the run directory of each (policy, emulate)."""
-    sweep = tmp_path_factory.mktemp("policies")
-    policies = ("precision=fp16.16,bf16", "precision.emulate=auto,always", "run.max_epochs=1")
-    run_train("-m", *TINY_RUN, *policies, f"hydra.sweep.dir={sweep}", cache=cache_dir, check=True)
+def policy_runs(straight_runs) -> dict[tuple[str, str], Path]:
+    """The run directory of each (policy, emulate)."""
     runs = {}
-    for run_dir in sweep.glob("[0-9]*"):
-        overrides = yaml.safe_load((run_dir / ".hydra" / "overrides.yaml").read_text())
-        chosen = dict(override.split("=", 1) for override in overrides)
-        runs[chosen["precision"], chosen["precision.emulate"]] = run_dir
+    for chosen, name in POLICY_RUNS.items():
+        run = straight_runs[name]
+        assert run.status == 0, f"train.py failed ({run.status}):\n{run.stdout}\n{run.stderr}"
+        runs[chosen] = run.run_dir
     return runs
 
 

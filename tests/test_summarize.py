@@ -15,7 +15,7 @@ import pytest
 
 import rundir
 from mlperf_logs import summarize
-from tests.conftest import ALL_EPOCHS, REPO, TINY_RUN, mllog_events, promoted, run_train
+from tests.conftest import ALL_EPOCHS, REPO, TINY_RUN, mllog_events, promoted, straight_run
 from tests.jpeg_samples import png
 from tests.user_folder import files, plant
 
@@ -124,22 +124,27 @@ def test_damaged_logs_are_listed_as_incomplete_or_failing_never_dropped(sweep, t
         assert Path(plot).read_bytes()[:4] == b"\x89PNG"
 
 
-def test_a_run_whose_log_has_a_name_of_its_own_is_found_and_summarised(cache_dir, tmp_path, capsys):
+# A run whose log has a name of its own, made with other modules' tiny runs in one process (conftest.straight_runs).
+NAMED = (*TINY_RUN, "run.max_epochs=1", *ALL_EPOCHS, "mlperf.log_file=named.log", "run.progress=none")
+NAMED_LOG = straight_run("test_summarize named log", *NAMED)
+
+
+def test_a_run_whose_log_has_a_name_of_its_own_is_found_and_summarised(straight_runs, tmp_path, capsys):
     """mlperf.log_file=named.log: the run's directory holds named.log and no mlperf.log, and summarising the folder
     above it finds the run through its config.yaml (rundir.mlperf_log) and reads that log. Every name in the
     directory is one that rundir declares."""
-    runs = tmp_path / "runs"
-    overrides = (*TINY_RUN, "run.max_epochs=1", *ALL_EPOCHS, "mlperf.log_file=named.log", "run.progress=none")
-    run_train(*overrides, f"hydra.run.dir={runs / 'named'}", cache=cache_dir, check=True)
-    log = runs / "named" / "named.log"
-    assert rundir.mlperf_log(runs / "named") == log and not (runs / "named" / rundir.MLPERF_LOG).exists()
-    assert [p.name for p in (runs / "named").iterdir() if not rundir.written_by_run(p.name, log.name)] == []
+    run = straight_runs[NAMED_LOG]
+    assert run.status == 0, run.stdout + run.stderr
+    named = run.run_dir  # alone in its folder
+    log = named / "named.log"
+    assert rundir.mlperf_log(named) == log and not (named / rundir.MLPERF_LOG).exists()
+    assert [p.name for p in named.iterdir() if not rundir.written_by_run(p.name, log.name)] == []
 
     csv_path = tmp_path / "table.csv"
-    assert summarize.main([str(runs), "--csv", str(csv_path), "--plots", str(tmp_path / "plots")]) == 0
+    assert summarize.main([str(named.parent), "--csv", str(csv_path), "--plots", str(tmp_path / "plots")]) == 0
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["runs"] == 1
     (row,) = read_csv(csv_path)
-    assert row["run_dir"] == str(runs / "named")
+    assert row["run_dir"] == str(named)
     assert {key: row[key] for key in expected_row(log)} == expected_row(log)
 
 

@@ -4,40 +4,19 @@ directory given by hand that holds a user's files is refused before anything is 
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 import rundir
 from tests import jpeg_samples
-from tests.conftest import REPO, train_env
+from tests.conftest import REPO, run_trains
 from tests.user_folder import files, plant
 
 EXPERIMENTS = sorted(path.stem for path in (REPO / "configs" / "experiment").glob("*.yaml"))
 ENCODINGS = ("baseline-420", "progressive-420", "baseline-444")  # as cameras and editors save them
 ONE_EPOCH = ("run.max_epochs=1", "optim.warmup_epochs=0")  # each recipe as it is, but for one epoch
 SYNTHETIC = ("embedded", "smoke")  # the recipes on the synthetic set
-
-# Each run as a user starts it (train.py and its overrides), one after the other in one process, so that the
-# imports are paid once: train.py's own __main__, its exit status and what it printed to stderr, as JSON.
-DRIVER = """
-import contextlib, io, json, runpy, sys
-results = []
-for overrides in json.loads(sys.argv[1]):
-    sys.argv = ["train.py", *overrides]
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            runpy.run_path("train.py", run_name="__main__")
-            status = 0
-        except SystemExit as done:
-            status = done.code if isinstance(done.code, int) else 1
-    results.append({"overrides": overrides, "status": status, "stdout": out.getvalue(), "stderr": err.getvalue()})
-print(json.dumps(results))
-"""
 
 
 def users_images(root: Path) -> dict[str, bytes]:
@@ -93,16 +72,7 @@ def runs(cache_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
     named["own run dir"] = ["experiment=smoke", f"hydra.run.dir={own_dir}"]
     named["refused, new dir"] = ["experiment=smoke", "optim.base_lr=-1", f"hydra.run.dir={refused_new}"]
     named["refused, own dir"] = ["experiment=smoke", "optim.base_lr=-1", f"hydra.run.dir={refused_own}"]
-    result = subprocess.run(
-        [sys.executable, "-c", DRIVER, json.dumps(list(named.values()))],
-        cwd=REPO,
-        env=train_env(cache_dir),
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert result.returncode == 0, result.stderr
-    outcomes = dict(zip(named, json.loads(result.stdout.splitlines()[-1]), strict=True))
+    outcomes = dict(zip(named, run_trains(list(named.values()), cache_dir), strict=True))  # in one process
     folders = {"images": images, "run dir": own_dir, "notes": refused_own, "new": refused_new}
     return {"before": before, "folders": folders, "runs": outcomes}
 

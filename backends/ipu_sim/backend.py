@@ -14,19 +14,18 @@ import hashlib
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from functools import partial
-from typing import Any, Self
+from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from backends.base import Backend, RunFacts
+from backends.base import Backend, BackendSection, RunFacts, StepSettings
 from backends.config import DeviceConfig, bn_groups_misfit, pipeline_short_of_micro_batches
-from backends.ipu_sim import simulator
 from backends.ipu_sim.clock import DeviceClock
 from backends.ipu_sim.pipeline import Pipeline
-from backends.native import NativeBackend, Pass, optimizer_for, settings, use_threads
-from configs.schema import Config
+from backends.native import NativeBackend, Pass, optimizer_for, use_threads
 
 
 class IpuSimBackend(NativeBackend):
@@ -44,17 +43,20 @@ class IpuSimBackend(NativeBackend):
 
     def __init__(
         self,
-        *args: Any,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        device: torch.device,
+        step: StepSettings,
+        *,
         replicas: int,
         bn_group: int = 1,
         clock: DeviceClock | None = None,
         pipeline_splits: Sequence[str] = (),
         sharded: bool = False,
-        **kwargs: Any,
     ) -> None:
-        super().__init__(*args, **kwargs)
+        super().__init__(model, optimizer, device, step)
         self.clock = clock or DeviceClock(step_s=0.0, eval_image_s=0.0)  # None: a clock that never moves
-        self.seed = kwargs.get("seed", 0)
+        self.seed = step.seed
         ranks, rank = (dist.get_world_size(), dist.get_rank()) if dist.is_initialized() else (1, 0)
         # the global replica of each local one: rank k's replica j takes the samples virtual replica k + W j takes
         self.global_replicas = [rank + ranks * j for j in range(replicas)]
@@ -72,24 +74,6 @@ class IpuSimBackend(NativeBackend):
         groups = replicas // bn_group  # one group (or no BatchNorm) keeps the model's own statistics: no swaps
         swapped = groups > 1 and self.running_stats
         self.group_stats = [[s.clone() for s in self.running_stats] for _ in range(groups)] if swapped else []
-
-    @classmethod
-    def from_config(cls, cfg: Config, facts: RunFacts, classes: int) -> Self:
-        """The native backend's parts on the host, with plain BatchNorm and this rank's share of the replicas, once
-        the system's memory plan fits; the system's clock times the steps."""
-        model = simulator.build_model(cfg, classes)
-        clock = simulator.clock(cfg, facts.shape, model, announce=facts.topology.is_main)
-        return cls(
-            model,
-            optimizer_for(cfg, model),
-            facts.device,
-            replicas=cfg.device.replicas // facts.topology.world_size,
-            bn_group=cfg.dist.bn_group_size,
-            clock=clock,
-            pipeline_splits=simulator.splits(cfg, facts.shape, model),
-            sharded=cfg.device.pipeline_mode == "sharded",
-            **settings(cfg, facts),
-        )
 
     @staticmethod
     def select_device(cfg: DeviceConfig, local_rank: int) -> torch.device:
@@ -227,6 +211,25 @@ def _nothing() -> None:
 
 def _stats(bn: _BatchNorm) -> list[torch.Tensor]:
     return [s for s in (bn.running_mean, bn.running_var, bn.num_batches_tracked) if s is not None]
+
+
+def build_ipu_sim(
+    section: BackendSection, facts: RunFacts, model: nn.Module, clock: DeviceClock, splits: Sequence[str]
+) -> IpuSimBackend:
+    """The native backend's parts on the host around the model the simulator built and cut at `splits`, with this
+    rank's share of the replicas; the system's clock (timed once its memory plan fits) times the steps."""
+    device = section.device
+    return IpuSimBackend(
+        model,
+        optimizer_for(section, model),
+        facts.device,
+        section.step,
+        replicas=device.replicas // facts.topology.world_size,
+        bn_group=section.bn_group_size,
+        clock=clock,
+        pipeline_splits=splits,
+        sharded=device.pipeline_mode == "sharded",
+    )
 
 
 def device_clock(backend: Backend) -> DeviceClock | None:

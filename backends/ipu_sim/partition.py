@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from torch import nn
 
 from backends.ipu_sim import pipeline
-from backends.ipu_sim.config import System
+from hardware.ipu import System
 from projection.ipu import cost
 from projection.ipu.cost import Constants, RunShape
 from projection.ipu.memory import MemoryPlan, in_flight

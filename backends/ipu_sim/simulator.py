@@ -10,10 +10,10 @@ from torch import nn
 from backends.config import explicit_splits, pipeline_stages
 from backends.ipu_sim import partition, pipeline
 from backends.ipu_sim.clock import DeviceClock
-from backends.ipu_sim.config import System
 from configs.checks import ConfigError
 from configs.schema import Config
 from configs.shape import BatchShape
+from hardware.ipu import System
 from models import batchnorm, build_resnet50
 from projection.ipu import cost
 from projection.ipu.cost import Constants

@@ -28,7 +28,7 @@ from bench.gpu import stage
 from bench.gpu import step as step_stage
 from bench.gpu.step import CLASSES
 from bench.loader import endless, throughput
-from configs.schema import Config
+from configs.schema import Config, batch_shape
 from data.build import make_loader, open_splits
 from data.datasets import IMAGENET_EVAL_IMAGES, IMAGENET_TRAIN_IMAGES
 from distributed import Topology
@@ -98,7 +98,9 @@ def loader_overrides(key: str) -> list[str]:
 def loader_rate(args: argparse.Namespace, sizes: stage.Sizes, key: str) -> float:
     cfg = config(args, sizes, *loader_overrides(key))
     train, _ = open_splits(cfg.data, Topology())
-    with make_loader(cfg.data, train, build.run_facts(cfg, Topology()), seed=cfg.run.seed, train=True) as batches:
+    with make_loader(
+        cfg.data, train, build.run_facts(cfg, Topology(), batch_shape(cfg, world_size=1)), seed=cfg.run.seed, train=True
+    ) as batches:
         return round(throughput(batches, LOADER_SECONDS[args.tiny]), 1)
 
 
@@ -130,7 +132,7 @@ def fastest(work: Path) -> list[str]:
 def e2e(args: argparse.Namespace, sizes: stage.Sizes) -> stage.Figures:
     overrides = fastest(args.work)
     cfg = config(args, sizes, *overrides)
-    facts = build.run_facts(cfg, Topology())
+    facts = build.run_facts(cfg, Topology(), batch_shape(cfg, world_size=1))
     train, _ = open_splits(cfg.data, Topology())
     batches = endless(make_loader(cfg.data, train, facts, seed=cfg.run.seed, train=True))
     backend = build.from_config(cfg, facts, CLASSES)

@@ -45,6 +45,7 @@ import torchvision
 
 from backends import build
 from bench.gpu import stage
+from configs.schema import batch_shape
 from distributed import Topology
 from models.resnet import MEAN_RGB, STD_RGB, random_batch
 
@@ -93,7 +94,7 @@ def plain_loop(model: torch.nn.Module, images: torch.Tensor, labels: torch.Tenso
 def harness(overrides: list[str], sizes: stage.Sizes, images: torch.Tensor, labels: torch.Tensor) -> tuple[Step, Step]:
     """The harness's train step and eval step, built from the config as train.py builds them."""
     cfg = stage.composed([f"device={images.device.type}", *shape(sizes), *overrides])
-    backend = build.from_config(cfg, build.run_facts(cfg, Topology()), CLASSES)
+    backend = build.from_config(cfg, build.run_facts(cfg, Topology(), batch_shape(cfg, world_size=1)), CLASSES)
     lr = cfg.optim.base_lr / 100  # small enough to stay finite
     return (lambda: backend.train_step(images, labels, lr)), (lambda: backend.eval_step(images, labels))
 

@@ -37,10 +37,10 @@ from functools import cache, partial
 
 import numpy as np
 
+from hardware.gpu import Cluster
 from models import batchnorm, build_resnet50
 from projection.calibration import Compared, compared, constants_table, device_section, error, print_table_end
 from projection.gpu import cost
-from projection.gpu.config import Cluster
 from projection.gpu.cost import Constants, Layout, Projection
 from projection.probe import profile_model
 from projection.profile import ModelProfile

@@ -25,7 +25,7 @@ from functools import cache
 from numpy import euler_gamma
 from scipy.special import digamma
 
-from projection.gpu.config import Cluster
+from hardware.gpu import Cluster
 from projection.profile import ModelProfile
 from projection.run import Schedule
 

@@ -31,7 +31,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache, partial
 
-from backends.ipu_sim.config import System
+from hardware.ipu import System
 from models import batchnorm, build_resnet50
 from projection.calibration import compared, constants_table, device_section, error, print_table_end
 from projection.ipu.assumptions import ASSUMPTIONS

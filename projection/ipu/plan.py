@@ -8,8 +8,8 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from backends.ipu_sim.config import Chip
 from data.datasets import IMAGENET_TRAIN_IMAGES
+from hardware.ipu import Chip
 from projection.ipu.cost import RunShape, updates_per_host_call
 from projection.ipu.memory import MemoryPlan, plan_memory
 from projection.probe import profile_model

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 
-from backends.ipu_sim.config import System
+from hardware.ipu import System
 from projection import convergence, uncertainty
 from projection.ipu import calibrate, cost
 from projection.ipu.assumptions import ASSUMPTIONS

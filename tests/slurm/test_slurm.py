@@ -87,6 +87,10 @@ def test_a_sweep_slurm_cannot_take_leaves_a_users_folder_as_it_was(slurm, cache_
     assert notes.read_bytes() == b"my notes on an earlier sweep\n\x00\xff"
 
 
+# Slow: make test checks what it adds: the launcher's job requeuing itself on SLURM's warning (the test below, warned
+# while it starts), a requeued job resuming to the weights of a run never stopped (test_multinode.py, preempted),
+# and SIGUSR1 mid-run stopping at a step boundary, resumed (tests/test_run.py, the run with workers stopped twice).
+@pytest.mark.slow
 def test_a_hydra_launcher_job_warned_before_its_time_limit_requeues_itself_and_resumes(
     slurm, whole_run, cache_dir, tmp_path
 ):

@@ -1,6 +1,6 @@
 """GPU clusters as data: the figures the GPU projection reads (configs/device/dgx_*.yaml, pcie_l40s.yaml and their
-GPU in configs/device/gpu/), each with its public source there. Like the IPU systems' dataclasses, no defaults: a
-figure comes from the data or nowhere. Rates are per second, sizes in bytes, bandwidths one direction."""
+GPU in configs/device/gpu/), each with its public source there. Like the IPU systems' dataclasses (ipu.py), no
+defaults: a figure comes from the data or nowhere. Rates are per second, sizes in bytes, bandwidths one direction."""
 
 from __future__ import annotations
 

@@ -1,8 +1,9 @@
 """IPU chips and systems as data: the figures the memory plan and the cost model read.
 
 The values live in configs/device/ (chip/<name>.yaml and one file per system), with their sources; these
-dataclasses are their typed shape (no defaults: a figure comes from the data or nowhere), shared by the
-configuration schema and the simulator. Rates are per second, sizes in bytes.
+dataclasses are their typed shape (no defaults: a figure comes from the data or nowhere), shared by the device
+section (backends/config.py), the simulator (backends/ipu_sim/) and the models that time it (projection/ipu/). Rates
+are per second, sizes in bytes.
 """
 
 from __future__ import annotations

@@ -16,7 +16,8 @@ import rundir
 from backends.config import gpu_cluster, simulated
 from backends.ipu_sim import simulator
 from configs.checks import ConfigError
-from configs.schema import Config, batch_shape
+from configs.schema import Config
+from configs.shape import BatchShape
 from data.datasets import IMAGENET_TRAIN_IMAGES, dataset_size
 from projection.convergence import Epochs, given_epochs, reference_epochs
 from projection.gpu.cost import Layout
@@ -26,7 +27,7 @@ from projection.ipu import report
 from projection.run import Schedule
 
 
-def project(cfg: Config, out_dir: Path | None, command_line: Sequence[str], recipe: str) -> None:
+def project(cfg: Config, shape: BatchShape, out_dir: Path | None, command_line: Sequence[str], recipe: str) -> None:
     """Print the projection, after what it projects, and write it into `out_dir` too (rank 0's). `command_line`
     holds the run's overrides (whether they name run.max_epochs), `recipe` the experiment Hydra composed. An
     `out_dir` that already holds a projection's files is refused: they may be a user's."""
@@ -35,7 +36,7 @@ def project(cfg: Config, out_dir: Path | None, command_line: Sequence[str], reci
     ):
         raise ConfigError("hydra.run.dir", refusal)
     torch.manual_seed(cfg.run.seed)
-    text = gpu_projection(cfg, command_line) if gpu_cluster(cfg.device) else ipu_projection(cfg)
+    text = gpu_projection(cfg, shape, command_line) if gpu_cluster(cfg.device) else ipu_projection(cfg, shape)
     said, figures = text.rsplit("\n", 1)
     said = "\n".join([*subject(cfg, recipe), said])
     if out_dir is not None:  # named before the figures, which stay the last line
@@ -49,7 +50,7 @@ def project(cfg: Config, out_dir: Path | None, command_line: Sequence[str], reci
         (out_dir / rundir.PROJECTION_JSON).write_text(figures + "\n")
 
 
-EXPERIMENTS = Path(__file__).resolve().parent.parent / "configs" / "experiment"
+EXPERIMENTS = Path(__file__).resolve().parent / "configs" / "experiment"
 PROJECTION_FILES = frozenset({rundir.PROJECTION_TEXT, rundir.PROJECTION_JSON})
 
 
@@ -91,13 +92,13 @@ def subject_figures(cfg: Config, recipe: str) -> dict[str, object]:
     }
 
 
-def listed_cuts(cfg: Config) -> bool:
+def listed_cuts(cfg: Config, shape: BatchShape) -> bool:
     """For device.pipeline_splits=list on a simulated IPU system: print every place the model can be cut, with what
     the first IPU would hold, and say so (the run does nothing more)."""
     if not simulated(cfg.device) or cfg.device.pipeline_splits != "list":
         return False
     classes, _, _ = dataset_size(cfg.data)
-    print(simulator.cut_table(cfg, batch_shape(cfg, world_size=1), classes), flush=True)
+    print(simulator.cut_table(cfg, shape, classes), flush=True)
     return True
 
 
@@ -106,22 +107,20 @@ def schedule_of(cfg: Config, epochs: int) -> Schedule:
     return Schedule(epochs, train_images, eval_images, cfg.mlperf.eval_every, cfg.mlperf.first_eval)
 
 
-def ipu_projection(cfg: Config) -> str:
+def ipu_projection(cfg: Config, shape: BatchShape) -> str:
     """Probe the model on the host, then the system's memory plan, the step time by component, and the projected
     epoch and time to train for run.max_epochs (the mlperf_pod* recipes give the epochs Graphcore's runs took)."""
     classes, _, _ = dataset_size(cfg.data)
-    shape = batch_shape(cfg, world_size=1)  # a simulated system's replicas, whatever the ranks that project it
     plan = simulator.plan(cfg, shape, simulator.build_model(cfg, classes))
     system = simulator.system_of(cfg)
     return report.project(plan, system, schedule_of(cfg, cfg.run.max_epochs), cfg.data.global_batch)
 
 
-def gpu_projection(cfg: Config, command_line: Sequence[str]) -> str:
+def gpu_projection(cfg: Config, shape: BatchShape, command_line: Sequence[str]) -> str:
     """The cluster's step, epoch and time to train; the epochs are run.max_epochs where the command line gives it,
     else MLPerf's reference convergence point for the global batch."""
     device = cfg.device
     assert device.cluster is not None  # the config's check
-    shape = batch_shape(cfg, world_size=1)
     layout = Layout(device.nodes, device.gpus_per_node, shape.micro_batch * shape.grad_accum)
     epochs = epochs_of(cfg, command_line)
     check = None if device.measured is None else read_check(device.measured)

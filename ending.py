@@ -1,0 +1,220 @@
+"""How a run ends: its log's run_stop and what it leaves (the plot, the final weights or the checkpoint that resumes
+it, the line that says how), and the exit status of train.py's process, one for each way a run can end:
+
+| exit status | the run |
+|---|---|
+| 0 | reached the target (or ended short of it with run.allow_not_converged=true) |
+| 1 | a sweep (-m) none of whose trials reached the target |
+| 2 | was refused: a mistake in the config, the data, a checkpoint, the launch or the run directory, told in one line |
+| 3 | ended short of the target (`NotConverged`): its epochs spent, or its loss not finite |
+| 4 | lost a rank (distributed.PeerLost): its checkpoint resumes it |
+| 5 | could not write its run directory (rundir.StorageError): its last checkpoint resumes it |
+| 128 + n | was stopped by signal n (stopsignals): its checkpoint resumes it |
+
+In a sweep, a job's error goes to its sweeper instead (train.py): Optuna's marks the trial failed and goes on, the
+SLURM launcher requeues a job that lost a rank.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import traceback
+from collections.abc import Iterator
+from pathlib import Path
+from types import CodeType
+from typing import NoReturn
+
+from hydra.errors import HydraException
+from omegaconf.errors import OmegaConfBaseException
+
+import distributed
+import rundir
+from checkpoint import CheckpointError
+from configs.checks import ConfigError
+from configs.errors import describe
+from data.split import DatasetError
+from distributed import LaunchError, PeerLost
+from mlperf_logs.logger import MLPerfLogger, constants
+from monitor.metrics import plot
+from monitor.progress import print_summary, say
+from rundir import StorageError
+from starting import Run
+from stopsignals import StopRequested
+
+USER_ERRORS = (ConfigError, DatasetError, CheckpointError, LaunchError, HydraException, OmegaConfBaseException)
+NOT_CONVERGED = 3
+STORAGE_FAILED = 5
+NO_TRIAL_COMPLETED = "No trials are completed yet."  # optuna's study.best_trial, when every trial failed
+
+
+class NotConverged(Exception):
+    """The run ended (its epoch budget spent, or its loss not finite) short of the target accuracy."""
+
+    def __init__(self, target: float) -> None:
+        super().__init__(
+            f"the run ended short of the target top-1 {target} (exit status {NOT_CONVERGED}; "
+            "run.allow_not_converged=true exits 0)"
+        )
+
+
+ENDINGS = (*USER_ERRORS, NotConverged, StorageError, PeerLost)  # what `leave` turns into an exit status
+
+
+def leave(err: BaseException, output_dir: Path) -> NoReturn:
+    """Exit as the table above says for a run that ended with `err`, saying what the lines before have not; a run
+    refused before it started leaves no folder of its own in `output_dir`."""
+    if isinstance(err, NotConverged):  # the summary above says how far it got
+        if distributed.from_environment().is_main:
+            print(f"not converged: {err}", file=sys.stderr)
+        sys.exit(NOT_CONVERGED)
+    if isinstance(err, StorageError):  # rank 0 said which write failed and how the run goes on
+        sys.exit(STORAGE_FAILED)
+    if isinstance(err, PeerLost):  # the log ended; rank 0 said how to resume
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(err.exit_status)
+    forget_refused_run(output_dir)
+    exit_in_one_line(err)
+
+
+def leave_before_the_run(err: BaseException, run_code: CodeType) -> None:
+    """Exit for an error raised around the run (`run_code`), not in it: a mistake in the overrides, a run directory
+    Hydra could not make (2), a sweep with no best trial (1). Any other error returns, to be raised on."""
+    if isinstance(err, USER_ERRORS):
+        exit_in_one_line(err)
+    if unwritable := hydras_failed_write(err, run_code):
+        exit_in_one_line(ConfigError("hydra.run.dir", str(StorageError.of(Path(unwritable.filename), unwritable))))
+    if str(err) == NO_TRIAL_COMPLETED:
+        print("error: no trial of the sweep reached the target, so there is no best one", file=sys.stderr)
+        sys.exit(1)
+
+
+def exit_in_one_line(err: BaseException) -> NoReturn:
+    """A mistake of the user's: one line that names it and says what to do, and exit status 2 (raised on, it would
+    get a line of Hydra's own before it)."""
+    print(f"error: {describe(err)}", file=sys.stderr)
+    sys.exit(2)
+
+
+def hydras_failed_write(err: BaseException, run_code: CodeType) -> OSError | None:
+    """The OSError of Hydra's making or writing of the run directory as a job starts (its folder, .hydra/, the
+    train.log its logging opens: logging.config wraps that one in a ValueError), which comes before the run
+    (`run_code`) does; None for any other error."""
+    failed = err if isinstance(err, OSError) else err.__cause__
+    if not isinstance(failed, OSError) or not failed.filename:
+        return None
+    raised_in_run = any(frame.f_code is run_code for frame, _ in traceback.walk_tb(err.__traceback__))
+    return None if raised_in_run else failed
+
+
+def forget_refused_run(directory: Path) -> None:
+    """A run refused before it started leaves no folder: the one Hydra made for it holds only Hydra's record of the
+    job and an empty train.log. Those files alone are removed, then the folders they leave empty; a folder holding
+    anything more (an earlier run's, or a user's given as hydra.run.dir) stays as it is."""
+    if not directory.is_dir():  # ranks but the first may have none
+        return
+    log = directory / rundir.JOB_LOG
+    made_for_this_run = {path.name for path in directory.iterdir()} <= {rundir.HYDRA, rundir.JOB_LOG}
+    if not made_for_this_run or (log.exists() and log.stat().st_size > 0):
+        return
+    for path in (*rundir.HYDRA_RECORD, rundir.JOB_LOG):
+        (directory / path).unlink(missing_ok=True)
+    for folder in (directory / rundir.HYDRA, directory):
+        with contextlib.suppress(OSError):  # not empty: something else is there, and stays
+            folder.rmdir()
+
+
+@contextlib.contextmanager
+def forgotten_unless_started(out_dir: Path, log_file: str, is_main: bool) -> Iterator[None]:
+    """A run that ends before its clock starts (a stop signal, a refusal, a failure of its init phase) takes away
+    the files it wrote in the run directory (its log's first lines, config.yaml, metrics.csv), so that the same
+    command, or the requeued job, starts it again. A run directory it cannot write refuses the run (exit status 2)."""
+    before = {path.name for path in out_dir.iterdir()} if is_main else set()
+    try:
+        yield
+    except BaseException as err:
+        if is_main:
+            remove_written_since(out_dir, before, log_file)
+        if isinstance(err, StopRequested) and is_main:
+            say(f"{err} before the run started: nothing to resume; the same command starts it again", error=True)
+        if isinstance(err, StorageError):
+            raise ConfigError("hydra.run.dir", str(err)) from err
+        raise
+
+
+def remove_written_since(out_dir: Path, before: set[str], log_file: str) -> None:
+    """The files a run writes that `out_dir` did not hold (`before`): what was there stays (a stopped run's
+    checkpoint and logs, the user's files), and so do Hydra's record of the job and train.log, which say what
+    happened."""
+    for path in out_dir.iterdir():
+        new = path.name not in before and path.name not in (rundir.HYDRA, rundir.JOB_LOG)
+        if new and path.is_file() and rundir.written_by_run(path.name, log_file):
+            path.unlink()
+
+
+def end_log_aborted(log: MLPerfLogger) -> bool:
+    """run_stop aborted, and the log closed; False where its filesystem could not take the line (the log then
+    ends with its last whole line)."""
+    try:
+        log.end(constants.RUN_STOP, metadata={constants.STATUS: constants.ABORTED})
+    except StorageError:
+        return False
+    finally:
+        log.close()
+    return True
+
+
+def end_stopped(run: Run, err: BaseException) -> None:
+    """The log of a run that did not end on its own ends aborted, where it can still be written; a stopped one, or
+    one that lost a rank or a write of its directory after its first checkpoint, says how to resume it."""
+    log_ended = end_log_aborted(run.log)
+    main, saved = run.topology.is_main, run.checkpoints.saved_step
+    if main and not isinstance(err, StorageError):  # nothing more on a filesystem that failed
+        plot_so_far(run)  # a stopped or failed run's epochs so far
+    if isinstance(err, StopRequested):
+        if main:
+            run.checkpoints.tell_how_to_resume(
+                f"{err} at {run.where()}: checkpoint written, log ended (run_stop aborted)"
+            )
+        distributed.barrier()  # rank 0's checkpoint and log are whole before any rank exits
+    elif isinstance(err, StorageError) and main:
+        say_storage_failed(run, err, "" if log_ended else "; the log could not take its run_stop")
+    elif isinstance(err, PeerLost) and main:
+        lost = f"a rank was lost at {run.where()}: log ended (run_stop aborted)"
+        if saved is None:
+            say(f"\n{lost}; no checkpoint yet, so start the run again with a new hydra.run.dir", error=True)
+        else:
+            again = run.loop.step - saved
+            run.checkpoints.tell_how_to_resume(
+                f"{lost}; its checkpoint is at step {saved} ({again} steps to take again)"
+            )
+
+
+def say_storage_failed(run: Run, err: StorageError, unended: str = "") -> None:
+    say(f"error: {err}{unended}; {run.checkpoints.after_a_failed_write()}", error=True)
+
+
+def finish(run: Run, status: str, accuracy: float | None) -> tuple[str, float]:
+    """run_stop, the plot and the final weights; nothing is left to resume. Returns the status and minutes."""
+    try:
+        run.log.end(constants.RUN_STOP, metadata={constants.STATUS: status})
+        minutes = (run.log.clock() - run.loop.run_start) / 60
+        run.log.close()
+        if run.topology.is_main:
+            plot_so_far(run)
+        run.checkpoints.finish(run.backend)
+    except StorageError as err:  # the last checkpoint trains the last steps again, to the same end
+        if run.topology.is_main:
+            say_storage_failed(run, err)
+        raise
+    if run.topology.is_main:
+        skipped = {**run.train_loader.skipped, **run.val_loader.skipped}
+        warned = run.train_loader.warned | run.val_loader.warned
+        print_summary(status, accuracy, run.loop.epoch - 1, minutes, run.out_dir, skipped, warned, run.simulated)
+    return status, minutes
+
+
+def plot_so_far(run: Run) -> None:
+    """metrics.png from the epochs ended so far, on rank 0 (which writes metrics.csv); none before the first."""
+    if run.metrics.path is not None and (rows := run.metrics.read()):
+        plot(rows, run.out_dir / rundir.PLOT, run.cfg.mlperf.target_accuracy)
