@@ -52,3 +52,10 @@ def test_train_py_refuses_a_garbage_checkpoint_in_one_line_with_exit_status_2(ca
     assert {path: path.read_bytes() for path in before} == before
     again = straight_runs[STARTED_AGAIN]
     assert again.status == 0, again.stderr  # the advice works: the run starts again there
+
+
+def test_a_checkpoint_written_before_epoch_step_was_named_resumes_at_the_same_step_of_its_epoch():
+    """Format 2's checkpoints of before 2026-11-30 named the steps taken in the epoch "batch"."""
+    position = {"epoch": 3, "step": 17, "run_start": 12.5}
+    older = checkpoint.Loop.saved({**position, "batch": 5}, [])
+    assert older == checkpoint.Loop.saved({**position, "epoch_step": 5}, []) == checkpoint.Loop(3, 17, 12.5, 5)
