@@ -96,6 +96,8 @@ def main(raw: DictConfig) -> float | None:
 
 
 def run(raw: DictConfig, job: Job) -> float | None:
+    """The config checked (a ConfigError names the first wrong value), then the mode it names: train, benchmark or
+    project; returns what main returns."""
     topology = distributed.from_environment()
     if not job.sweep and job.launcher not in (None, "basic"):  # without -m, Hydra would run here and ignore it
         raise ConfigError(
