@@ -29,6 +29,7 @@ import rundir
 from checkpoint import CheckpointError
 from configs.checks import ConfigError
 from configs.schema import training_fingerprint
+from data.synthetic import CACHE_ENV
 from mlperf_logs.logger import SKIPPED_FILES
 from optim.precision import emulates
 from tests.conftest import (
@@ -310,9 +311,9 @@ def test_a_run_checkpointing_every_few_steps_killed_mid_epoch_resumes_to_the_sam
     command = [sys.executable, "train.py", *DEVICE_DECODED, "run.checkpoint_every_steps=3", f"hydra.run.dir={tmp_path}"]
     killed = stop_when(command, cache_dir, lambda _: (tmp_path / "checkpoint.pt").exists(), signal.SIGKILL)
     saved = torch.load(tmp_path / "checkpoint.pt", weights_only=True)["loop"]
-    assert saved["step"] % 3 == 0 and saved["batch"] == saved["step"] % 4 != 0, killed.output  # within an epoch
+    assert saved["step"] % 3 == 0 and saved["epoch_step"] == saved["step"] % 4 != 0, killed.output  # mid-epoch
     resumed = run_train(*command[2:], "run.resume=auto", cache=cache_dir, check=True)
-    assert f"resuming at epoch {saved['epoch']} (step {saved['step']}, {saved['batch']} steps" in resumed.stdout
+    assert f"resuming at epoch {saved['epoch']} (step {saved['step']}, {saved['epoch_step']} steps" in resumed.stdout
     assert_same_run(straight(DEVICE_DECODED), tmp_path)
 
 
@@ -467,12 +468,15 @@ def test_an_unreadable_training_file_is_skipped_and_reported_or_fatal_by_policy(
     assert [e["metadata"]["status"] for e in stop] == ["aborted"]
 
 
-# One epoch of TINY_RUN under 16-bit policies, native or emulated as precision.emulate says (conftest.straight_runs:
-# in one process, with the other tiny runs), by (policy, emulate).
+# One epoch of TINY_RUN's shape under 16-bit policies, native or emulated as precision.emulate says, by (policy,
+# emulate): one step of 16 images (what a run says and logs of its policy needs no more), in one process with the
+# other tiny runs (conftest.straight_runs).
 POLICY_RUNS = {
     (policy, emulate): straight_run(
         f"test_run {policy} emulate={emulate}",
         *TINY_RUN,
+        "data.synthetic.train_per_class=4",
+        "data.synthetic.val_per_class=2",
         f"precision={policy}",
         f"precision.emulate={emulate}",
         "run.max_epochs=1",
@@ -577,12 +581,13 @@ def compiling(run_dir: Path, data_root: Path) -> Ready:
     ids=["imports", "data", "compile"],
 )
 def test_a_stop_signal_during_start_up_ends_the_run_with_its_status_and_the_same_command_starts_it_again(
-    phase, ready, signum, extra, cache_dir, tmp_path
+    phase, ready, signum, extra, cache_dir, tmp_path, monkeypatch
 ):
     """A stop signal while train.py imports torch, while it generates its synthetic set, or while it compiles (in
     MLPerf's init phase, its log begun) ends the run at once, with 128 + the signal, no traceback and no process
     left; the run directory keeps only Hydra's record and train.log (nothing to resume), so the same command, as a
-    requeued job would, starts the run again and trains it."""
+    requeued job would, starts the run again and trains it. After a stop in the generation, that is what the calls
+    train.py makes before its run decide (here in process): the half-made set is made again, the directory taken."""
     run_dir, data_root = tmp_path / "run", tmp_path / "data"
     recipe = (*TINY_RUN, "run.max_epochs=1", *ALL_EPOCHS, f"data.root={data_root}", *extra)
     command = [sys.executable, "train.py", *recipe, f"hydra.run.dir={run_dir}"]
@@ -594,10 +599,11 @@ def test_a_stop_signal_during_start_up_ends_the_run_with_its_status_and_the_same
     left = {path.name for path in run_dir.iterdir()} if run_dir.exists() else set()
     assert left <= {".hydra", "train.log"}, left
     assert processes_mentioning(str(run_dir)) == []
-    if phase == "data":  # the set half made is made again, and the run trains
-        again = run_train(*recipe, f"hydra.run.dir={run_dir}", cache=cache_dir)
-        assert again.returncode == 0, again.stdout + again.stderr
-        assert [event["key"] for event in mllog_events(run_dir / "mlperf.log")].count("run_start") == 1
+    if phase == "data":  # the set half made is made again, and the directory takes the run
+        monkeypatch.setenv(CACHE_ENV, str(cache_dir))  # the caches train.py used
+        train, val = configured_dataset(*recipe)
+        assert (len(train), len(val)) == (64, 32)
+        assert checkpoint.restore_point(run_dir, "mlperf.log", "none", fingerprint={}) is None
 
 
 def test_a_disk_that_fills_mid_run_ends_it_in_one_line_and_its_last_checkpoint_resumes_to_the_same_run(
