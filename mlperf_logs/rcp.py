@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from mlperf_logging.rcp_checker import rcp_checker
 
 from mlperf_logs.compliance import RULESET, USAGE
 
@@ -51,9 +50,18 @@ class Verdict:
         return sum(e >= NOT_CONVERGED for e in self.epochs) <= 1
 
 
+def rcp_checker() -> Any:
+    """mlperf_logging's RCP checker, imported where it is first asked for: it loads scipy.stats, a second of every
+    train.py start that no training run needs (only projections and packages ask it)."""
+    from mlperf_logging.rcp_checker import rcp_checker
+
+    return rcp_checker
+
+
 @functools.cache
-def checker() -> rcp_checker.RCP_Checker:
-    return rcp_checker.RCP_Checker(USAGE, RULESET, BENCHMARK, verbose=False)
+def checker() -> Any:
+    """The checker's RCP_Checker on the pruned RCPs."""
+    return rcp_checker().RCP_Checker(USAGE, RULESET, BENCHMARK, verbose=False)
 
 
 def rcp_batch_sizes() -> list[int]:
@@ -96,7 +104,7 @@ def judge(batch: int, epochs: list[float]) -> Verdict:
 def judge_results(results_dir: Path) -> Verdict | None:
     """The verdict on a directory of result_*.txt logs; None when their batch sizes cannot be read or differ."""
     files = sorted(str(path) for path in results_dir.glob("result_*.txt"))
-    batch, epochs, _ = rcp_checker.get_submission_epochs(files, RULESET, False)
+    batch, epochs, _ = rcp_checker().get_submission_epochs(files, RULESET, False)
     if batch == -1:
         return None
     return judge(batch, epochs if epochs is not None else [NOT_CONVERGED] * len(files))

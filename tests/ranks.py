@@ -23,13 +23,15 @@ def free_port() -> int:
 
 
 def run_ranks(fn: Callable[..., Any], world_size: int, *args: Any, timeout_s: float = 120) -> list[Any]:
-    """`fn(rank, world_size, *args)` on each rank (a module-level function, so spawn can pickle it).
+    """`fn(rank, world_size, *args)` on each rank, each a fork of this process: it starts in well under a second,
+    where a spawned one imports torch again (seconds per rank on a slow host). Each rank computes on one thread.
 
     Returns the ranks' results in rank order (pickled through files); a rank's exception is raised here
     with its traceback.
     """
     with tempfile.TemporaryDirectory() as tmp:
-        mp.spawn(_rank_main, args=(world_size, free_port(), tmp, fn, args, timeout_s), nprocs=world_size)
+        args = (world_size, free_port(), tmp, fn, args, timeout_s)
+        mp.start_processes(_rank_main, args=args, nprocs=world_size, start_method="fork")
         results = []
         for rank in range(world_size):
             with open(f"{tmp}/{rank}.pkl", "rb") as f:
