@@ -114,6 +114,7 @@ def test_a_hydra_launcher_job_warned_before_its_time_limit_requeues_itself_and_r
     assert_same_run(whole_run, run_dir)
 
 
+@pytest.mark.slow  # make test: a stop while train.py starts (tests/test_run.py), a SLURM requeue (test_multinode.py)
 def test_a_hydra_launcher_job_warned_while_it_starts_requeues_itself_and_trains_from_the_start(
     slurm, cache_dir, tmp_path
 ):
