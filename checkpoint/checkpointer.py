@@ -22,11 +22,10 @@ class Checkpointer:
 
     def __init__(self, out_dir: Path, is_main: bool, fingerprint: dict[str, Any], resume: Resume, run: RunConfig):
         self.out_dir = out_dir
-        self.is_main = is_main
         self.path = out_dir / rundir.CHECKPOINT if is_main else None
         self.fingerprint = fingerprint  # the training settings a checkpoint must match (configs.schema)
         self.resume = resume  # the command that continues the run from its checkpoint
-        self.continues = run.resume == "auto"  # from the checkpoint in out_dir, where there is one
+        self.resume_mode = run.resume  # auto: from the checkpoint in out_dir, where there is one
         self.every_steps = run.checkpoint_every_steps  # within an epoch too (0: at epoch ends only)
         self.at_epoch_ends = run.checkpoint
         self.saved_step: int | None = None  # the step of the checkpoint on disk, None before the first
@@ -34,8 +33,8 @@ class Checkpointer:
     def restore_point(self, log_file: str) -> dict[str, Any] | None:
         """The checkpoint this run continues from, read by rank 0 and handed to every rank (checkpoint's
         restore_point: None for a new run, which a directory holding another run's files refuses)."""
-        resume = "auto" if self.continues else "none"
-        return distributed.from_main(lambda: restore_point(self.out_dir, log_file, resume, self.fingerprint))
+        mode = self.resume_mode
+        return distributed.from_main(lambda: restore_point(self.out_dir, log_file, mode, self.fingerprint))
 
     def restore(self, state: dict[str, Any], backend: Backend, rank: int) -> tuple[Loop, dict[str, int]]:
         """`backend` and the generators put back as `state` holds them; where the loop stood and its logs' sizes."""

@@ -1,12 +1,16 @@
 """A file that is not a checkpoint of this harness is refused in one line that says what to do, and kept."""
 
 import os
+from pathlib import Path
 
 import pytest
 import torch
 
 import checkpoint
 from checkpoint import CheckpointError
+from checkpoint.checkpointer import Checkpointer
+from configs.schema import RunConfig
+from distributed.stop import Resume
 from tests.conftest import ALL_EPOCHS, TINY_RUN, run_train, straight_run
 
 ADVICE = (
@@ -59,3 +63,18 @@ def test_a_checkpoint_written_before_epoch_step_was_named_resumes_at_the_same_st
     position = {"epoch": 3, "step": 17, "run_start": 12.5}
     older = checkpoint.Loop.saved({**position, "batch": 5}, [])
     assert older == checkpoint.Loop.saved({**position, "epoch_step": 5}, []) == checkpoint.Loop(3, 17, 12.5, 5)
+
+
+def due_steps(every: int, steps_per_epoch: int, steps: int) -> list[int]:
+    """The steps of a run at which a checkpoint saving every `every` steps is due within an epoch."""
+    checkpoints = Checkpointer(Path("run"), True, {}, Resume([], {}), RunConfig(checkpoint_every_steps=every))
+    positions = [
+        checkpoint.Loop(step=step, epoch_step=(step - 1) % steps_per_epoch + 1) for step in range(1, steps + 1)
+    ]
+    return [loop.step for loop in positions if checkpoints.due_within_epoch(loop, steps_per_epoch)]
+
+
+def test_a_checkpoint_is_due_every_few_steps_but_at_an_epochs_last_step_which_its_end_saves():
+    assert due_steps(every=3, steps_per_epoch=5, steps=15) == [3, 6, 9, 12]  # 15 ends epoch 3
+    assert due_steps(every=5, steps_per_epoch=5, steps=15) == []  # each falls on an epoch's end
+    assert due_steps(every=0, steps_per_epoch=5, steps=15) == []  # run.checkpoint_every_steps=0: epoch ends only
