@@ -17,8 +17,6 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Generic, Protocol, TypeVar
 
-from scipy import stats
-
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
 
@@ -57,6 +55,8 @@ def prediction_half_width(errors_pct: Sequence[float], coverage: float = COVERAG
     systems it was not fitted to (leave-one-out, in %): Student's t prediction interval, the errors taken as centred
     on zero (the fit is unbiased on its own systems) with their root mean square as the spread, so n errors give n
     degrees of freedom."""
+    from scipy import stats  # about a second to import: only a projection pays it, not every train.py start
+
     rms = math.sqrt(sum(error**2 for error in errors_pct) / len(errors_pct)) / 100
     return float(stats.t.ppf(0.5 + coverage / 2, len(errors_pct))) * rms
 

@@ -22,9 +22,6 @@ import math
 from dataclasses import dataclass
 from functools import cache
 
-from numpy import euler_gamma
-from scipy.special import digamma
-
 from hardware.gpu import Cluster
 from projection.profile import ModelProfile
 from projection.run import Schedule
@@ -233,8 +230,8 @@ def reduction_s(cluster: Cluster, layout: Layout, constants: Constants) -> float
 @cache
 def slowest_of(gpus: int) -> float:
     """The expected wait for the slowest of `gpus` independent, exponentially distributed delays, beyond one GPU's
-    mean delay, in means: the harmonic number H(n) - 1, about ln n - 0.42 (digamma(n + 1) + Euler's gamma = H(n))."""
-    return float(digamma(gpus + 1)) + euler_gamma - 1
+    mean delay, in means: the harmonic number H(n) - 1, about ln n - 0.42."""
+    return sum(1 / k for k in range(2, gpus + 1))
 
 
 def straggler_s(layout: Layout, constants: Constants) -> float:
