@@ -146,44 +146,28 @@ def first_evaluation_from(epoch: int, first_eval: int, eval_every: int) -> int:
 @dataclass(frozen=True)
 class Score:
     """An MLPerf score (the olympic mean of five runs, in minutes): its expected value and the range that holds
-    COVERAGE of scores, and the same in epochs."""
+    COVERAGE of scores."""
 
     mean: float
     low: float
     high: float
-    mean_epochs: float
-    epochs_range: tuple[float, float]
 
 
 def score(where: Stops, minutes: Callable[[int], float]) -> Score:
     """The olympic mean of five runs that each stop as `where` says, a run that stops at epoch e taking
     `minutes(e)`: every multiset of five stops, with its multinomial chance."""
     times = [minutes(epoch) for epoch in where.epochs]
-    outcomes: list[tuple[float, float, float]] = []  # (minutes, epochs, chance)
+    outcomes: list[tuple[float, float]] = []  # (minutes, chance)
     for picked in itertools.combinations_with_replacement(range(len(where.epochs)), RUNS):
         chance = math.factorial(RUNS) * math.prod(
             where.chances[i] ** n / math.factorial(n) for i, n in ((i, picked.count(i)) for i in set(picked))
         )
         middle = picked[1:-1]  # combinations come sorted, and a run's minutes rise with its epochs
-        outcomes.append((fmean(times[i] for i in middle), fmean(where.epochs[i] for i in middle), chance))
-    low, high = (1 - COVERAGE) / 2, (1 + COVERAGE) / 2
-    return Score(
-        mean=sum(m * c for m, _, c in outcomes),
-        low=quantile(outcomes, 0, low),
-        high=quantile(outcomes, 0, high),
-        mean_epochs=sum(e * c for _, e, c in outcomes),
-        epochs_range=(quantile(outcomes, 1, low), quantile(outcomes, 1, high)),
-    )
-
-
-def quantile(outcomes: list[tuple[float, float, float]], field: int, share: float) -> float:
-    """The smallest value of `field` that at least `share` of the outcomes' chance lies at or below."""
-    total = 0.0
-    for outcome in sorted(outcomes, key=lambda o: o[field]):
-        total += outcome[2]
-        if total >= share - 1e-12:
-            return outcome[field]
-    return max(o[field] for o in outcomes)
+        outcomes.append((fmean(times[i] for i in middle), chance))
+    scores, chances = np.array(outcomes).T
+    shares = [(1 - COVERAGE) / 2, (1 + COVERAGE) / 2]  # the smallest score that holds each share of the chance
+    low, high = np.quantile(scores, shares, weights=chances, method="inverted_cdf")
+    return Score(mean=float(scores @ chances), low=float(low), high=float(high))
 
 
 def scored(spread: Interval[P], where: Stops, minutes: Callable[[int], float], fixed: int | None) -> Interval[P]:

@@ -151,11 +151,11 @@ def interval(
     )
 
 
-def widened(spread: Interval[P], evidence: Evidence, convergence: Convergence | None = None) -> Interval[P]:
+def widened(spread: Interval[P], evidence: Evidence) -> Interval[P]:
     """The assumptions' ranges widened to hold COVERAGE of real outcomes: throughput by the model's leave-one-out
-    half-width; time to train by that half-width and the convergence spread (`spread`'s own where not given)
-    together, in quadrature (independent errors, each sized to the same coverage)."""
-    convergence = spread.convergence if convergence is None else convergence
+    half-width; time to train by that half-width and `spread`'s convergence spread together, in quadrature
+    (independent errors, each sized to the same coverage)."""
+    convergence = spread.convergence
     low, high = spread.throughput_img_s
     fastest, slowest = spread.time_to_train_min
     below = math.hypot(evidence.time_to_train, convergence.below)

@@ -50,7 +50,7 @@ def test_a_left_out_systems_projection_is_not_its_in_sample_one(left_out):
     fit = calibrate.calibrated()
     for result in left_out:
         own = calibrate.in_sample_interval(fit.profile, fit.clusters, result.published, fit.central, fit.refit)
-        assert result.spread.central.throughput_img_s != pytest.approx(own.central.throughput_img_s, rel=1e-4)
+        assert result.projection.throughput_img_s != pytest.approx(own.central.throughput_img_s, rel=1e-4)
 
 
 def test_the_evidence_is_the_five_leave_one_out_errors_once_per_process(left_out):

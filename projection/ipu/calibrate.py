@@ -272,7 +272,9 @@ def project_published(profile: ModelProfile, system: System, published: Publishe
     return project(profile, system, published.shape, constants, published.schedule)
 
 
-def in_sample_systems() -> dict[str, System]:
+@cache
+def in_sample_systems() -> Mapping[str, System]:
+    """The systems Graphcore's in-sample results ran on, composed from configs/device/ once per process."""
     return {published.system: load_system(published.system) for published in IN_SAMPLE}
 
 
