@@ -23,15 +23,14 @@ def free_port() -> int:
 
 
 def run_ranks(fn: Callable[..., Any], world_size: int, *args: Any, timeout_s: float = 120) -> list[Any]:
-    """`fn(rank, world_size, *args)` on each rank, each a fork of this process: it starts in well under a second,
-    where a spawned one imports torch again (seconds per rank on a slow host). Each rank computes on one thread.
+    """`fn(rank, world_size, *args)` on each rank (a module-level function, so spawn can pickle it). Spawned, not
+    forked: a fork after this process ran backward on autograd's threads (a compiled model's) cannot run backward.
 
     Returns the ranks' results in rank order (pickled through files); a rank's exception is raised here
     with its traceback.
     """
     with tempfile.TemporaryDirectory() as tmp:
-        args = (world_size, free_port(), tmp, fn, args, timeout_s)
-        mp.start_processes(_rank_main, args=args, nprocs=world_size, start_method="fork")
+        mp.spawn(_rank_main, args=(world_size, free_port(), tmp, fn, args, timeout_s), nprocs=world_size)
         results = []
         for rank in range(world_size):
             with open(f"{tmp}/{rank}.pkl", "rb") as f:

@@ -103,7 +103,8 @@ def test_train_py_tells_a_mistake_in_one_line_and_exits_2_leaving_no_folder(over
 
 
 # Slow: make test checks the same in tests/test_user_files.py, where a run refused for this mistake leaves a folder
-# of the user's with its file as it was (test_a_run_refused_before_it_starts_removes_only_what_it_made).
+# holding an earlier run's mlperf.log and a user's notes as it was
+# (test_a_run_refused_before_it_starts_removes_only_what_it_made).
 @pytest.mark.slow
 def test_a_refused_run_leaves_an_earlier_runs_folder_as_it_was(tmp_path):
     (tmp_path / "mlperf.log").write_text(":::MLLOG {}\n")

@@ -300,11 +300,6 @@ def test_a_run_stopped_at_the_end_of_an_epoch_then_killed_resumes_to_the_same_ru
     assert_same_run(straight(ONE_STEP_EPOCHS), tmp_path)
 
 
-# Slow: make test checks what it adds elsewhere: a periodic checkpoint mid-epoch resumed to the same run (the disk
-# that fills, below, with run.checkpoint_every_steps=2), SIGKILL and then a resume (the end-of-epoch test above), a
-# resume mid-epoch reading the same batches (the run with workers stopped twice) and the device's half of each batch
-# equal to the workers' (tests/test_device_decode.py).
-@pytest.mark.slow
 def test_a_run_checkpointing_every_few_steps_killed_mid_epoch_resumes_to_the_same_run(straight, cache_dir, tmp_path):
     """run.checkpoint_every_steps=3 over epochs of 4 steps: a checkpoint at step 3, mid-epoch, where SIGKILL (no
     chance to save) finds it; resumed from there, the run ends with the weights of one never stopped. Half of each
@@ -587,8 +582,8 @@ def test_a_stop_signal_during_start_up_ends_the_run_with_its_status_and_the_same
     """A stop signal while train.py imports torch, while it generates its synthetic set, or while it compiles (in
     MLPerf's init phase, its log begun) ends the run at once, with 128 + the signal, no traceback and no process
     left; the run directory keeps only Hydra's record and train.log (nothing to resume), so the same command, as a
-    requeued job would, starts the run again and trains it. After a stop in the generation, that is what the calls
-    train.py makes before its run decide (here in process): the half-made set is made again, the directory taken."""
+    requeued job would, starts the run again. After a stop in the generation, the calls train.py makes before its
+    run say so (here in process): the half-made set is made again, the directory taken."""
     run_dir, data_root = tmp_path / "run", tmp_path / "data"
     recipe = (*TINY_RUN, "run.max_epochs=1", *ALL_EPOCHS, f"data.root={data_root}", *extra)
     command = [sys.executable, "train.py", *recipe, f"hydra.run.dir={run_dir}"]
