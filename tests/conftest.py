@@ -10,7 +10,7 @@ import subprocess
 import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import pytest
 import torch
@@ -28,6 +28,7 @@ from data.split import Split
 from data.synthetic import CACHE_ENV
 from distributed import Topology
 from tests.filesystems import read_only_directory, small_filesystem  # noqa: F401 (fixtures for every test file)
+from tests.forked import run_forked, start_fork_server
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -55,6 +56,12 @@ def _own_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
         yield
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _fork_server() -> None:
+    """The fork server that train.py's runs and the gloo ranks are forked from (tests/forked.py), started first."""
+    start_fork_server()
+
+
 @pytest.fixture(scope="session")
 def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """One synthetic-data cache for the whole session, so each tiny dataset is generated once."""
@@ -69,59 +76,26 @@ def train_env(cache: Path, **extra: str) -> dict[str, str]:
 def run_train(
     *overrides: str, cache: Path, timeout: float = 600, check: bool = False, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
-    """`python train.py OVERRIDES` in the repo, with the test cache (and `env` added); returns the finished
-    process."""
-    result = subprocess.run(
-        [sys.executable, "train.py", *overrides],
-        cwd=REPO,
-        env=train_env(cache, **(env or {})),
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+    """`python train.py OVERRIDES` in the repo, with the test cache (and `env` added), forked from a warm interpreter
+    (tests/forked.py: `env` reaches the run, not torch's import); returns the finished process."""
+    (result,) = run_forked([overrides], train_env(cache, **(env or {})), timeout)
     if check and result.returncode != 0:
         raise AssertionError(f"train.py failed ({result.returncode}):\n{result.stdout}\n{result.stderr}")
     return result
 
 
-# Runs of train.py as a user starts them (train.py and its overrides), one after the other in one process, so that
-# the imports (seconds each time) are paid once: train.py's own __main__, its exit status and what it printed, as
-# JSON. For runs whose outcome a test reads; a stop signal, a crash or an exit status seen by a shell needs a
-# process of its own (run_train).
-DRIVER = """
-import contextlib, io, json, runpy, sys
-results = []
-for overrides in json.loads(sys.argv[1]):
-    sys.argv = ["train.py", *overrides]
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            runpy.run_path("train.py", run_name="__main__")
-            status = 0
-        except SystemExit as done:
-            status = done.code if isinstance(done.code, int) else 1
-    results.append({"overrides": overrides, "status": status, "stdout": out.getvalue(), "stderr": err.getvalue()})
-print(json.dumps(results))
-"""
-
-
-def run_trains(runs: Sequence[Sequence[str]], cache: Path, timeout: float = 600) -> list[dict[str, Any]]:
-    """Each of `runs` (overrides) through train.py's __main__, in order, in one process (DRIVER) with the test
-    cache: for each, {"overrides", "status", "stdout", "stderr"}."""
-    result = subprocess.run(
-        [sys.executable, "-c", DRIVER, json.dumps([list(run) for run in runs])],
-        cwd=REPO,
-        env=train_env(cache),
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-    assert result.returncode == 0, result.stderr
-    return json.loads(result.stdout.splitlines()[-1])
+def run_trains(
+    runs: Sequence[Sequence[str]], cache: Path, at_once: int, timeout: float = 600
+) -> list[subprocess.CompletedProcess[str]]:
+    """run_train for each of `runs` (overrides), `at_once` at a time; returns the finished processes in order. Two
+    at a time suit runs that are mostly refused or short (one's Python leaves the other core idle); two training
+    runs at once on 2 cores each take more than twice as long (the tiny straight runs: 41 s one at a time, 61 s
+    two at a time)."""
+    return run_forked(runs, train_env(cache), timeout, at_once)
 
 
 # Tiny runs never stopped that tests read or compare with, by name: each test module declares its own as it is
-# imported (straight_run), and the `straight_runs` fixture makes every declared one in one process on first use.
+# imported (straight_run), and the `straight_runs` fixture makes every declared one on first use.
 STRAIGHT: dict[str, tuple[str, ...]] = {}
 
 
@@ -141,12 +115,13 @@ def straight_run(name: str, *overrides: str) -> str:
 
 @pytest.fixture(scope="session")
 def straight_runs(cache_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, StraightRun]:
-    """Every declared straight run, made in one process (run_trains), by name."""
+    """Every declared straight run, by name."""
     run_dirs = {name: tmp_path_factory.mktemp("straight") / "run" for name in STRAIGHT}
-    outcomes = run_trains([(*STRAIGHT[name], f"hydra.run.dir={run_dirs[name]}") for name in STRAIGHT], cache_dir)
+    runs = [(*STRAIGHT[name], f"hydra.run.dir={run_dirs[name]}") for name in STRAIGHT]
+    finished = run_trains(runs, cache_dir, at_once=1)
     return {
-        name: StraightRun(run_dirs[name], outcome["status"], outcome["stdout"], outcome["stderr"])
-        for name, outcome in zip(STRAIGHT, outcomes, strict=True)
+        name: StraightRun(run_dirs[name], done.returncode, done.stdout, done.stderr)
+        for name, done in zip(STRAIGHT, finished, strict=True)
     }
 
 

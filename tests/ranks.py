@@ -15,6 +15,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from tests.forked import fork_server
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -23,14 +25,18 @@ def free_port() -> int:
 
 
 def run_ranks(fn: Callable[..., Any], world_size: int, *args: Any, timeout_s: float = 120) -> list[Any]:
-    """`fn(rank, world_size, *args)` on each rank (a module-level function, so spawn can pickle it). Spawned, not
-    forked: a fork after this process ran backward on autograd's threads (a compiled model's) cannot run backward.
+    """`fn(rank, world_size, *args)` on each rank (a module-level function, so it can be pickled). Each rank is
+    forked from multiprocessing's fork server, which imported torch and the tests' helpers once (tests/forked.py): not
+    from this process, since a fork after it ran backward on autograd's threads (a compiled model's) cannot run
+    backward, and not spawned, which imports torch again for every rank (seconds each).
 
     Returns the ranks' results in rank order (pickled through files); a rank's exception is raised here
     with its traceback.
     """
     with tempfile.TemporaryDirectory() as tmp:
-        mp.spawn(_rank_main, args=(world_size, free_port(), tmp, fn, args, timeout_s), nprocs=world_size)
+        arguments = (world_size, free_port(), tmp, fn, args, timeout_s)
+        fork_server()
+        mp.start_processes(_rank_main, arguments, nprocs=world_size, start_method="forkserver")
         results = []
         for rank in range(world_size):
             with open(f"{tmp}/{rank}.pkl", "rb") as f:

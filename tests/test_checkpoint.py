@@ -36,8 +36,8 @@ def test_a_file_that_is_not_our_checkpoint_is_refused_with_what_to_do(write, tmp
     assert str(refused.value) == f"{path} {ADVICE}"
 
 
-# What the advice says: a run started again with a new hydra.run.dir (made with other modules' tiny runs in one
-# process: conftest.straight_runs).
+# What the advice says: a run started again with a new hydra.run.dir (made with other modules' tiny runs:
+# conftest.straight_runs).
 STARTED_AGAIN = straight_run(
     "test_checkpoint started again", *TINY_RUN, "run.max_epochs=1", *ALL_EPOCHS, "run.resume=auto"
 )

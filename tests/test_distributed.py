@@ -328,9 +328,9 @@ def test_a_hung_rank_stops_the_other_after_the_timeout(cache_dir, tmp_path):
 
 # Slow: make test checks what it adds: one rank's signal stopping every rank at one step boundary and the command
 # that resumes a torchrun run (in process, above: test_one_ranks_stop_signal_..., test_a_torchrun_runs_resume_...),
-# a stopped run of two ranks resumed to the weights of one never stopped (tests/slurm: a preempted job across two
-# nodes), a group's SIGTERM shutting the loader's worker down within seconds and a resume mid-epoch
-# (tests/test_run.py, the run with workers stopped twice).
+# a group's SIGTERM shutting the loader's worker down within seconds and a resume mid-epoch (tests/test_run.py, the
+# run with workers stopped twice). A stopped run of two ranks resumed to the weights of one never stopped is in make
+# test-all only: here, and SLURM's requeued jobs (tests/slurm).
 @pytest.mark.slow
 def test_one_ranks_sigterm_stops_both_mid_epoch_and_they_resume_to_the_same_weights(two_ranks, cache_dir, tmp_path):
     run = torchrun(*TWO_RANKS, f"hydra.run.dir={tmp_path}", cache=cache_dir)

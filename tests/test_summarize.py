@@ -124,7 +124,7 @@ def test_damaged_logs_are_listed_as_incomplete_or_failing_never_dropped(sweep, t
         assert Path(plot).read_bytes()[:4] == b"\x89PNG"
 
 
-# A run whose log has a name of its own, made with other modules' tiny runs in one process (conftest.straight_runs).
+# A run whose log has a name of its own, made with other modules' tiny runs (conftest.straight_runs).
 NAMED = (*TINY_RUN, "run.max_epochs=1", *ALL_EPOCHS, "mlperf.log_file=named.log", "run.progress=none")
 NAMED_LOG = straight_run("test_summarize named log", *NAMED)
 

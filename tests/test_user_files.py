@@ -72,7 +72,7 @@ def runs(cache_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
     named["own run dir"] = ["experiment=smoke", f"hydra.run.dir={own_dir}"]
     named["refused, new dir"] = ["experiment=smoke", "optim.base_lr=-1", f"hydra.run.dir={refused_new}"]
     named["refused, own dir"] = ["experiment=smoke", "optim.base_lr=-1", f"hydra.run.dir={refused_own}"]
-    outcomes = dict(zip(named, run_trains(list(named.values()), cache_dir), strict=True))  # in one process
+    outcomes = dict(zip(named, run_trains(list(named.values()), cache_dir, at_once=2), strict=True))
     folders = {"images": images, "run dir": own_dir, "notes": refused_own, "new": refused_new}
     return {"before": before, "folders": folders, "runs": outcomes}
 
@@ -84,17 +84,17 @@ def test_every_experiment_on_a_folder_of_the_users_images_leaves_each_file_as_it
 def test_the_synthetic_recipes_refuse_the_users_folder_in_one_line_naming_data_imagenet(runs):
     for name in SYNTHETIC:
         run = runs["runs"][f"{name} as recipe"]
-        assert run["status"] == 2 and run["stderr"].count("\n") == 1, run
-        assert "holds images of its own" in run["stderr"] and "give data=imagenet" in run["stderr"], run
+        assert run.returncode == 2 and run.stderr.count("\n") == 1, run
+        assert "holds images of its own" in run.stderr and "give data=imagenet" in run.stderr, run
 
 
 def test_your_own_images_train_with_the_documented_command(runs):
     """docs/data.md's "Your own images": experiment=smoke data=imagenet data.root=DIR trains (one epoch here, which
     ends short of the target: exit status 3, so that a script can tell it from a success)."""
     images, smoke = runs["folders"]["images"], runs["runs"]["smoke imagenet"]
-    assert f"dataset: torchvision layout at {images}, 40 training images in 2 classes, 8 validation" in smoke["stdout"]
-    assert "run_stop status aborted: 1 epochs" in smoke["stdout"]
-    assert (smoke["status"], smoke["stderr"]) == (
+    assert f"dataset: torchvision layout at {images}, 40 training images in 2 classes, 8 validation" in smoke.stdout
+    assert "run_stop status aborted: 1 epochs" in smoke.stdout
+    assert (smoke.returncode, smoke.stderr) == (
         3,
         "not converged: the run ended short of the target top-1 0.759 (exit status 3; "
         "run.allow_not_converged=true exits 0)\n",
@@ -105,21 +105,21 @@ def test_a_batch_the_users_images_cannot_fill_is_refused_in_one_line_with_no_fol
     """The embedded recipe's batch of 64 to the IPU recipes' thousands, on 40 images: one line names the batch that
     fits, and the refused run leaves no folder (it used to leave its mlperf.log and config.yaml)."""
     imagenet = runs["runs"]["imagenet imagenet"]
-    assert imagenet["stderr"] == (
+    assert imagenet.stderr == (
         "error: data.global_batch: 3264 is more than the 40 training images: an epoch would have no step; "
         "give data.global_batch=32 (or fewer)\n"
     )
     for name in set(EXPERIMENTS) - {"smoke"}:
         for dataset in ("imagenet",) if name in SYNTHETIC else ("imagenet", "as recipe"):
             run = runs["runs"][f"{name} {dataset}"]
-            assert run["status"] == 2 and "is more than the 40 training images" in run["stderr"], run
-            assert not Path(run["overrides"][-1].removeprefix("hydra.run.dir=")).exists()
+            assert run.returncode == 2 and "is more than the 40 training images" in run.stderr, run
+            assert not Path(run.args[-1].removeprefix("hydra.run.dir=")).exists()
 
 
 def test_a_run_directory_holding_a_users_files_is_refused_and_left_as_it_was(runs):
     run, own_dir = runs["runs"]["own run dir"], runs["folders"]["run dir"]
-    assert run["status"] == 2
-    assert run["stderr"] == (
+    assert run.returncode == 2
+    assert run.stderr == (
         f"error: hydra.run.dir: {own_dir} already holds config.yaml, model.pt, which a run writes; "
         "give a new hydra.run.dir (nothing was changed)\n"
     )
@@ -129,7 +129,7 @@ def test_a_run_directory_holding_a_users_files_is_refused_and_left_as_it_was(run
 
 
 def test_a_run_refused_before_it_starts_removes_only_what_it_made(runs):
-    assert runs["runs"]["refused, new dir"]["status"] == runs["runs"]["refused, own dir"]["status"] == 2
+    assert runs["runs"]["refused, new dir"].returncode == runs["runs"]["refused, own dir"].returncode == 2
     assert not runs["folders"]["new"].exists()  # the folder Hydra made for it: gone
     after = files(runs["folders"]["notes"])
     assert {name: after[name] for name in runs["before"]["notes"]} == runs["before"]["notes"]

@@ -231,6 +231,10 @@ def test_a_frozen_rank_is_named_and_the_run_resumes_when_requeued(whole_run, cac
     lose_a_rank_and_resume("rank frozen", freeze_rank_on_n2, whole_run, cache_dir, tmp_path)
 
 
+# Slow (a minute and more: the two-node run never stopped, then the preempted one): make test checks what it adds in
+# process (one rank's stop stopping every rank at one step boundary, the resume command: tests/test_distributed.py)
+# and a one-node job of the same script (tests/slurm/test_slurm.py).
+@pytest.mark.slow
 def test_a_preempted_two_node_job_checkpoints_and_resumes_to_the_same_weights(whole_run, cache_dir, tmp_path):
     run_dir = tmp_path / "preempted"
     before = link_bytes("n2")

@@ -12,7 +12,6 @@ import textwrap
 import time
 from pathlib import Path
 
-import optuna
 import pytest
 import yaml
 from omegaconf import OmegaConf
@@ -114,7 +113,7 @@ def test_a_hydra_launcher_job_warned_before_its_time_limit_requeues_itself_and_r
     assert_same_run(whole_run, run_dir)
 
 
-@pytest.mark.slow  # make test: a stop while train.py starts (tests/test_run.py), a SLURM requeue (test_multinode.py)
+@pytest.mark.slow  # make test: a stop while train.py starts (tests/test_run.py); SLURM's requeues: make test-all
 def test_a_hydra_launcher_job_warned_while_it_starts_requeues_itself_and_trains_from_the_start(
     slurm, cache_dir, tmp_path
 ):
@@ -160,6 +159,8 @@ def test_an_optuna_sweep_over_slurm_gets_each_trials_time_to_train(slurm, cache_
     ]
     sweep = subprocess.run(command, cwd=REPO, env=job_environment(cache_dir), capture_output=True, text=True)
     assert sweep.returncode == 0, sweep.stdout + sweep.stderr
+    import optuna  # here, not at the top: 4 s that every collection of make test would pay for a slow test
+
     trials = optuna.load_study(study_name="ttt", storage=study).trials
     assert len(trials) == 2
     for trial in trials:
@@ -198,7 +199,7 @@ def test_the_sbatch_examples_output_is_where_it_says_and_git_ignores_it(slurm, c
         out.unlink(missing_ok=True)
 
 
-@pytest.mark.slow  # on two nodes in make test (test_multinode.py)
+@pytest.mark.slow  # over a minute: make test checks the stop of two ranks at one step in process (test_distributed)
 def test_an_sbatch_job_requeued_by_slurm_resumes_to_the_same_weights(slurm, whole_run, cache_dir, tmp_path):
     run_dir = tmp_path / "requeued"
     job = sbatch(run_dir, cache_dir, *LONGER)
