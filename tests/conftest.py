@@ -89,7 +89,7 @@ def run_trains(
 ) -> list[subprocess.CompletedProcess[str]]:
     """run_train for each of `runs` (overrides), `at_once` at a time; returns the finished processes in order. Two
     at a time suit runs that are mostly refused or short (one's Python leaves the other core idle); two training
-    runs at once on 2 cores each take more than twice as long (the tiny straight runs: 41 s one at a time, 61 s
+    runs at once on 2 cores each take more than twice as long (the tiny straight runs: 35 s one at a time, 61 s
     two at a time)."""
     return run_forked(runs, train_env(cache), timeout, at_once)
 

@@ -1,7 +1,7 @@
 """`python train.py OVERRIDES` forked from a warm interpreter: multiprocessing's fork server imports torch, Hydra and
 train.py's modules once for the session (PRELOAD), and each run is a fork of it that becomes train.py's __main__,
 a process of its own with its own stdout, stderr and exit status. A new interpreter spends seconds on those imports
-(5 s on a 2-core AVX2 host), twenty-odd times a suite.
+(about 5 s on a 2-core AVX2 host), dozens of times a suite.
 
 A fork is not a new interpreter in two ways, so the tests that depend on them start `python train.py` themselves:
 its command line is the fork server's, which names no run (tests find a run's processes, its loader's workers, by

@@ -35,7 +35,7 @@ def run_ranks(fn: Callable[..., Any], world_size: int, *args: Any, timeout_s: fl
     """
     with tempfile.TemporaryDirectory() as tmp:
         arguments = (world_size, free_port(), tmp, fn, args, timeout_s)
-        fork_server()
+        fork_server()  # what it imports, should this be its first fork
         mp.start_processes(_rank_main, arguments, nprocs=world_size, start_method="forkserver")
         results = []
         for rank in range(world_size):

@@ -172,6 +172,9 @@ def test_an_optuna_sweep_over_slurm_gets_each_trials_time_to_train(slurm, cache_
     assert best == min(trial.value for trial in trials)
 
 
+# Slow (half a minute): make test runs two ranks through torchrun (tests/test_distributed.py), reads SLURM's
+# environment in process (test_distributed) and the sbatch example's own output (below).
+@pytest.mark.slow
 def test_the_sbatch_example_runs_two_ranks_whose_log_passes_the_checker(whole_run):
     assert "2 ranks (slurm)" in Path(f"{whole_run}.out").read_text()
     assert [e["key"] for e in mllog_events(whole_run / "mlperf.log")].count("run_start") == 1
