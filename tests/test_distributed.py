@@ -308,6 +308,10 @@ def assert_stopped_with_log_closed(run: subprocess.Popen[str], out: Path, messag
     return stderr
 
 
+# Slow (torchrun's start and an epoch: 18 s): make test checks that a rank's error reaches every rank in process
+# (test_rank_zero_decides_gathers_...); a dead or frozen rank named by its heartbeat is in make test-all (here, and
+# SLURM's lost node and frozen rank in tests/slurm).
+@pytest.mark.slow
 def test_killing_a_rank_stops_the_other_with_a_message_naming_it(cache_dir, tmp_path):
     run, victim = start_and_wait_for_epoch_1(tmp_path / "killed", cache_dir, "dist.timeout_s=60")
     os.kill(victim, signal.SIGKILL)
