@@ -33,8 +33,7 @@ class Checkpointer:
     def restore_point(self, log_file: str) -> dict[str, Any] | None:
         """The checkpoint this run continues from, read by rank 0 and handed to every rank (checkpoint's
         restore_point: None for a new run, which a directory holding another run's files refuses)."""
-        mode = self.resume_mode
-        return distributed.from_main(lambda: restore_point(self.out_dir, log_file, mode, self.fingerprint))
+        return distributed.from_main(lambda: restore_point(self.out_dir, log_file, self.resume_mode, self.fingerprint))
 
     def restore(self, state: dict[str, Any], backend: Backend, rank: int) -> tuple[Loop, dict[str, int]]:
         """`backend` and the generators put back as `state` holds them; where the loop stood and its logs' sizes."""

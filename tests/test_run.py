@@ -268,7 +268,7 @@ def assert_stopped_cleanly(run_dir: Path, stopped: StoppedRun, signum: signal.Si
     assert f"hydra.run.dir={run_dir} run.resume=auto" in (run_dir / "resume.sh").read_text()
 
 
-@pytest.mark.slow  # make test: stops resumed bitwise (stopped twice, with workers), a crash resumed (disk fills)
+@pytest.mark.slow  # make test: stops resumed bitwise (stopped twice, with workers; killed mid-epoch)
 def test_a_run_stopped_at_the_end_of_an_epoch_then_killed_resumes_to_the_same_run(straight, cache_dir, tmp_path):
     """SIGINT as the loop starts: the stop comes at step 1, the end of epoch 1 and before its evaluation. A new
     run in its directory is refused, its files untouched (by the call train.py makes before it writes anything:
