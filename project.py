@@ -8,22 +8,18 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from functools import partial
 from pathlib import Path
 
 import torch
 
 import rundir
-from backends.config import gpu_cluster, simulated
-from backends.ipu_sim import simulator
+from backends.families import family_of
 from configs.checks import ConfigError
 from configs.schema import Config
 from configs.shape import BatchShape
 from data.datasets import IMAGENET_TRAIN_IMAGES, dataset_size
 from projection.convergence import Epochs, given_epochs, reference_epochs
-from projection.gpu.cost import Layout
-from projection.gpu.measured import read_check
-from projection.gpu.report import projection_report
-from projection.ipu import report
 from projection.run import Schedule
 
 
@@ -36,7 +32,7 @@ def project(cfg: Config, shape: BatchShape, out_dir: Path | None, command_line: 
     ):
         raise ConfigError("hydra.run.dir", refusal)
     torch.manual_seed(cfg.run.seed)
-    text = gpu_projection(cfg, shape, command_line) if gpu_cluster(cfg.device) else ipu_projection(cfg, shape)
+    text = answer(cfg, shape, command_line)
     said, figures = text.rsplit("\n", 1)
     said = "\n".join([*subject(cfg, recipe), said])
     if out_dir is not None:  # named before the figures, which stay the last line
@@ -48,6 +44,14 @@ def project(cfg: Config, shape: BatchShape, out_dir: Path | None, command_line: 
     if out_dir is not None:
         (out_dir / rundir.PROJECTION_TEXT).write_text(text + "\n")
         (out_dir / rundir.PROJECTION_JSON).write_text(figures + "\n")
+
+
+def answer(cfg: Config, shape: BatchShape, command_line: Sequence[str]) -> str:
+    """The device's family's projection of the run (its report, the JSON line last)."""
+    projected = family_of(cfg).project
+    assert projected is not None, f"device={cfg.device.name} is not projected onto (the config's check)"
+    classes, _, _ = dataset_size(cfg.data)
+    return projected(cfg, shape, classes, partial(schedule_of, cfg), partial(epochs_of, cfg, command_line))
 
 
 EXPERIMENTS = Path(__file__).resolve().parent / "configs" / "experiment"
@@ -72,11 +76,9 @@ def subject(cfg: Config, recipe: str) -> list[str]:
 
 
 def imagenet_recipe(cfg: Config) -> str:
-    """The experiment that projects ImageNet on the run's device: on a simulated IPU system, Graphcore's recipe for
-    it or for a system of its size (experiment=mlperf_bow_pod256 on ipu_pod256, which keeps device=ipu_pod256);
-    else experiment=imagenet."""
-    system = cfg.device.system
-    names = [] if system is None else [f"mlperf_{system.name.removeprefix('ipu_')}", f"mlperf_bow_pod{system.ipus}"]
+    """The experiment that projects ImageNet on the run's device: the first of its own recipes there is (on a
+    simulated IPU system, Graphcore's), else experiment=imagenet."""
+    names = cfg.device.imagenet_experiments()
     found = [name for name in names if (EXPERIMENTS / f"{name}.yaml").is_file()]
     return f"experiment={found[0] if found else 'imagenet'}"
 
@@ -93,38 +95,21 @@ def subject_figures(cfg: Config, recipe: str) -> dict[str, object]:
 
 
 def listed_cuts(cfg: Config, shape: BatchShape) -> bool:
-    """For device.pipeline_splits=list on a simulated IPU system: print every place the model can be cut, with what
-    the first IPU would hold, and say so (the run does nothing more)."""
-    if not simulated(cfg.device) or cfg.device.pipeline_splits != "list":
+    """Print what the device's family shows instead of running, where it does (a simulated IPU system's places to
+    cut the model, for device.pipeline_splits=list), and say so: the run does nothing more."""
+    preview = family_of(cfg).preview
+    if preview is None:
         return False
     classes, _, _ = dataset_size(cfg.data)
-    print(simulator.cut_table(cfg, shape, classes), flush=True)
-    return True
+    shown = preview(cfg, shape, classes)
+    if shown is not None:
+        print(shown, flush=True)
+    return shown is not None
 
 
 def schedule_of(cfg: Config, epochs: int) -> Schedule:
     _, train_images, eval_images = dataset_size(cfg.data)
     return Schedule(epochs, train_images, eval_images, cfg.mlperf.eval_every, cfg.mlperf.first_eval)
-
-
-def ipu_projection(cfg: Config, shape: BatchShape) -> str:
-    """Probe the model on the host, then the system's memory plan, the step time by component, and the projected
-    epoch and time to train for run.max_epochs (the mlperf_pod* recipes give the epochs Graphcore's runs took)."""
-    classes, _, _ = dataset_size(cfg.data)
-    plan = simulator.plan(cfg, shape, simulator.build_model(cfg, classes))
-    system = simulator.system_of(cfg)
-    return report.project(plan, system, schedule_of(cfg, cfg.run.max_epochs), cfg.data.global_batch)
-
-
-def gpu_projection(cfg: Config, shape: BatchShape, command_line: Sequence[str]) -> str:
-    """The cluster's step, epoch and time to train; the epochs are run.max_epochs where the command line gives it,
-    else MLPerf's reference convergence point for the global batch."""
-    device = cfg.device
-    assert device.cluster is not None  # the config's check
-    layout = Layout(device.nodes, device.gpus_per_node, shape.micro_batch * shape.grad_accum)
-    epochs = epochs_of(cfg, command_line)
-    check = None if device.measured is None else read_check(device.measured)
-    return projection_report(device.cluster, layout, schedule_of(cfg, epochs.count), epochs, check)
 
 
 def epochs_of(cfg: Config, command_line: Sequence[str]) -> Epochs:

@@ -12,7 +12,6 @@ import distributed
 import rundir
 from backends import build
 from backends.base import Backend, RunFacts
-from backends.ipu_sim.backend import device_clock
 from checkpoint import Loop
 from checkpoint.checkpointer import Checkpointer
 from configs.schema import Config
@@ -97,7 +96,8 @@ def initialise(
     # Model, optimizer with the MLPerf parameter groups and precision policy, on the device; the schedule by step.
     classes = len(train_split.classes)
     backend = build.from_config(cfg, facts, classes)
-    if cfg.device.compile or cfg.device.cuda_graphs:  # compiled and captured in MLPerf's init phase, not timed steps
+    device = build.native_section(cfg)
+    if device.compile or device.cuda_graphs:  # compiled and captured in MLPerf's init phase, not timed steps
         backend.compile_ahead(facts.shape.per_rank, val_loader.batch_sizes(), cfg.data.image_size, classes)
     checkpoints.refuse_a_directory_too_small(backend, topology.world_size)
     if cfg.mlperf.clock == "device":
@@ -129,7 +129,7 @@ def initialise(
 
 def simulated_clock(backend: Backend, logged: bool) -> Simulated | None:
     """The simulated system's clock of a backend that runs on one, as the run's lines show it; None elsewhere."""
-    clock = device_clock(backend)
+    clock = backend.simulated_clock
     return None if clock is None else Simulated(clock, logged)
 
 
@@ -147,9 +147,8 @@ def announce(cfg: Config, facts: RunFacts) -> None:
 
 def submission_platform(cfg: Config, policy: Policy) -> str:
     """The platform the log names; a log in simulated device time, or of emulated 16-bit arithmetic, says so."""
-    system = cfg.device.system
-    if cfg.mlperf.clock == "device" and system is not None:  # validate: device time is a simulated system's
-        return f"{system.name} simulated by rn50perf ipu_sim (device time)"
+    if cfg.mlperf.clock == "device" and (platform := cfg.device.device_time_platform()):  # a simulated system's
+        return platform
     return cfg.mlperf.platform + (f" ({policy.compute} emulated in fp32)" if policy.emulated else "")
 
 

@@ -8,9 +8,10 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
-from backends.config import DeviceConfig
+from configs.device.native import NativeConfig
 from configs.shape import BatchShape
 from distributed.topology import Topology
+from monitor.progress import SimulatedClock
 from optim.config import OptimConfig
 from optim.precision import Policy
 
@@ -53,7 +54,7 @@ class BackendSection:
 
     model: ModelConfig
     optim: OptimConfig
-    device: DeviceConfig
+    device: NativeConfig
     bn_group_size: int  # ranks (or simulated replicas) whose BatchNorm statistics are reduced together
     step: StepSettings
 
@@ -108,6 +109,11 @@ class Backend(Protocol):
 
     def now(self) -> float:
         """Seconds since the epoch where the steps run: the wall clock, or a simulated device's clock."""
+        ...
+
+    @property
+    def simulated_clock(self) -> SimulatedClock | None:
+        """The simulated system's clock that times the steps (now() reads it); None where they run here."""
         ...
 
     def state_dict(self) -> dict[str, Any]: ...

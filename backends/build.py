@@ -1,27 +1,26 @@
 """The backend of a run, built from its section of the config and the run's facts, both worked out here once: the
-backends never read the whole config. The device name picks the class, and with it the device its steps run on."""
+backends never read the whole config. The device's family (backends/families.py) picks the class, and with it the
+device its steps run on."""
 
 from __future__ import annotations
 
 import torch
 
 from backends.base import Backend, BackendSection, RunFacts, StepSettings
-from backends.config import simulated
-from backends.ipu_sim import simulator
-from backends.ipu_sim.backend import IpuSimBackend, build_ipu_sim
-from backends.native import NativeBackend, build_native
+from backends.families import family_of
+from configs.device.native import NativeConfig
 from configs.schema import Config
 from configs.shape import BatchShape
 from distributed import Topology
 from optim.precision import Policy
 
-BACKENDS: dict[str, type[NativeBackend]] = {"cpu": NativeBackend, "cuda": NativeBackend, "ipu_sim": IpuSimBackend}
-
 
 def run_facts(cfg: Config, topology: Topology, shape: BatchShape) -> RunFacts:
     """This rank's device (the CPU, or the GPU of its local rank; a ConfigError where there is none), the precision
     policy as that device runs it, and the batch `shape` over the launch's ranks (configs.schema.validate's)."""
-    return facts_on(cfg, topology, BACKENDS[cfg.device.name].select_device(cfg.device, topology.local_rank), shape)
+    backend = family_of(cfg).backend
+    assert backend is not None, f"device={cfg.device.name} is projected onto only (the config's check)"
+    return facts_on(cfg, topology, backend.select_device(native_section(cfg), topology.local_rank), shape)
 
 
 def facts_on(cfg: Config, topology: Topology, device: torch.device, shape: BatchShape) -> RunFacts:
@@ -31,16 +30,21 @@ def facts_on(cfg: Config, topology: Topology, device: torch.device, shape: Batch
 
 def from_config(cfg: Config, facts: RunFacts, classes: int) -> Backend:
     """The backend of cfg.device.name for a model of `classes` classes, on this rank's device."""
-    section = section_of(cfg, facts)
-    if simulated(cfg.device):
-        return on_simulated_system(cfg, section, facts, classes)
-    return build_native(section, facts, classes)
+    build = family_of(cfg).build
+    assert build is not None, f"device={cfg.device.name} is projected onto only (the config's check)"
+    return build(cfg, section_of(cfg, facts), facts, classes)
+
+
+def native_section(cfg: Config) -> NativeConfig:
+    """The run's device section, which runs its steps natively here (a simulated system's among them)."""
+    assert isinstance(cfg.device, NativeConfig), f"device={cfg.device.name} does not run here"
+    return cfg.device
 
 
 def section_of(cfg: Config, facts: RunFacts) -> BackendSection:
     """What a backend reads of the config, with what the run's facts settle: the policy, and device.bn_16bit_input
     (None: on CUDA only)."""
-    device = cfg.device
+    device = native_section(cfg)
     step = StepSettings(
         label_smoothing=cfg.optim.label_smoothing,
         policy=facts.policy,
@@ -53,11 +57,3 @@ def section_of(cfg: Config, facts: RunFacts) -> BackendSection:
         cuda_graphs=device.cuda_graphs,
     )
     return BackendSection(cfg.model, cfg.optim, device, cfg.dist.bn_group_size, step)
-
-
-def on_simulated_system(cfg: Config, section: BackendSection, facts: RunFacts, classes: int) -> IpuSimBackend:
-    """The simulated IPU backend around the model the simulator builds and cuts from the config, with plain
-    BatchNorm, once the system's memory plan fits."""
-    model = simulator.build_model(cfg, classes)
-    clock = simulator.clock(cfg, facts.shape, model, announce=facts.topology.is_main)
-    return build_ipu_sim(section, facts, model, clock, simulator.splits(cfg, facts.shape, model))

@@ -16,15 +16,16 @@ from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from backends.base import BackendSection, RunFacts, StepSettings
-from backends.config import DeviceConfig
 from backends.graphs import CudaGraphs
 from configs.checks import ConfigError
+from configs.device.native import NativeConfig
 from distributed.allreduce import GradientBuckets, Stopwatch
 from distributed.batchnorm import DistributedBatchNorm2d
 from distributed.group import average_over_ranks, broadcast_from_main
 from models import batchnorm, build_resnet50, random_batch
 from models.loss import smoothed_cross_entropy
 from models.resnet import NormLayer
+from monitor.progress import SimulatedClock
 from optim.optimizers import build_optimizer
 from optim.precision import MixedPrecision, Policy
 
@@ -88,7 +89,7 @@ class NativeBackend:
         return lr
 
     @staticmethod
-    def select_device(cfg: DeviceConfig, local_rank: int) -> torch.device:
+    def select_device(cfg: NativeConfig, local_rank: int) -> torch.device:
         """The CPU, or the GPU of this rank's local rank."""
         use_threads(cfg.threads)
         if cfg.name == "cpu":
@@ -220,6 +221,10 @@ class NativeBackend:
 
     def now(self) -> float:
         return time.time()
+
+    @property
+    def simulated_clock(self) -> SimulatedClock | None:
+        return None
 
     def state_dict(self) -> dict[str, Any]:
         return {

@@ -18,6 +18,8 @@ from hydra.conf import HydraConf
 from hydra.errors import HydraException, MissingConfigException
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException, ValidationError
 
+from configs.device.base import DeviceConfig
+from configs.device.sections import SECTIONS
 from configs.schema import Config, UnknownKey
 
 KINDS: dict[object, str] = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
@@ -46,7 +48,11 @@ def wrong_key_or_value(err: OmegaConfBaseException, key: str) -> str:
 
 
 def unknown_key(key: str) -> str:
-    """`key: no such key`, with the closest known key, or else the keys of the group it would be in."""
+    """`key: no such key`, with the family whose device has it, or the closest known key, or else the keys of the
+    group it would be in."""
+    owner = section_with(key)
+    if owner is not None:
+        return f"{key}: this device has no such key; {owner.schema} devices have it ({owner.needs})"
     close = closest_key(key)
     if close:
         return f"{key}: no such key; did you mean {close}?"
@@ -79,10 +85,23 @@ def unknown_option(missing: str, options: Sequence[str]) -> str:
     return f"{group}={option}: no such option; {group} is one of {', '.join(options)}"
 
 
+def section_with(key: str) -> type[DeviceConfig] | None:
+    """The first device section that has `key` (device.<name>), where the device chosen has no such key."""
+    group, _, name = key.partition(".")
+    found = (
+        section
+        for section in SECTIONS.values()
+        if group == "device" and f"device.{name}" in _fields(section, "device.")
+    )
+    return next(found, None)
+
+
 @cache
 def schema_keys() -> dict[str, object]:
-    """Every key of the run's schema and of Hydra's own (under `hydra`), dotted, with its type, groups first."""
-    return {**_fields(Config, ""), "hydra": HydraConf, **_fields(HydraConf, "hydra.")}
+    """Every key of the run's schema, every device section's among them, and of Hydra's own (under `hydra`), dotted,
+    with its type, groups first."""
+    devices = {key: hint for section in SECTIONS.values() for key, hint in _fields(section, "device.").items()}
+    return {**_fields(Config, ""), **devices, "hydra": HydraConf, **_fields(HydraConf, "hydra.")}
 
 
 def _fields(schema: type, prefix: str) -> dict[str, object]:

@@ -12,8 +12,10 @@ from typing import TYPE_CHECKING
 
 from hydra.core.config_store import ConfigStore
 
-from backends.config import DeviceConfig, gpu_cluster, replicas, simulated, validate_device
 from configs.checks import ConfigError, one_of, positive, require
+from configs.device import sections
+from configs.device.base import DeviceConfig
+from configs.device.native import NativeConfig
 from configs.shape import BatchShape
 from data.config import DataConfig
 from data.config import validate as validate_data
@@ -53,7 +55,7 @@ class DistConfig:
 
 @dataclass
 class RunConfig:
-    mode: str = "train"  # train | benchmark (time the step) | project (time to train on ipu_sim or gpu_cluster)
+    mode: str = "train"  # train | benchmark (time the step) | project (time to train on a device it projects)
     seed: int = 1
     max_epochs: int = 40
     resume: str = "none"  # none | auto: continue from the checkpoint in the output directory, if there is one
@@ -71,7 +73,7 @@ class Config:
     data: DataConfig = field(default_factory=DataConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     precision: PrecisionConfig = field(default_factory=PrecisionConfig)
-    device: DeviceConfig = field(default_factory=DeviceConfig)
+    device: DeviceConfig = field(default_factory=NativeConfig)  # the host's CPU, as configs/device/cpu.yaml
     dist: DistConfig = field(default_factory=DistConfig)
     mlperf: MlperfConfig = field(default_factory=MlperfConfig)
     run: RunConfig = field(default_factory=RunConfig)
@@ -79,13 +81,21 @@ class Config:
 
 def register() -> None:
     """Make the schema the base of configs/config.yaml (its defaults list names `schema`)."""
-    ConfigStore.instance().store(name="schema", node=Config)
+    config_store = ConfigStore.instance()
+    # The device's section is left to the device option, whose defaults name its family's: a node already typed
+    # as the CPU's NativeConfig would refuse to become a GPU cluster's ClusterConfig.
+    config_store.store(name="schema", node=Config(device=DeviceConfig()))
+    sections.store(config_store)
 
 
 def batch_shape(cfg: Config, world_size: int) -> BatchShape:
     """The run's batch shape on `world_size` ranks."""
     return BatchShape(
-        cfg.data.global_batch, world_size, replicas(cfg.device, world_size), cfg.dist.grad_accum, cfg.dist.bn_group_size
+        cfg.data.global_batch,
+        world_size,
+        cfg.device.replica_count(world_size),
+        cfg.dist.grad_accum,
+        cfg.dist.bn_group_size,
     )
 
 
@@ -108,13 +118,14 @@ def validate(cfg: Config, world_size: int = 1) -> BatchShape:
     validate_data(cfg.data, reads_files=cfg.run.mode == "train")
     validate_optim(cfg.optim, cfg.run.max_epochs)
     validate_precision(cfg.precision)
-    _validate_dist(cfg.dist, world_size, bn_groups_of_ranks=not simulated(cfg.device))
+    _validate_dist(cfg.dist, world_size, bn_groups_of_ranks=not cfg.device.simulated)
     shape = batch_shape(cfg, world_size)
-    validate_device(cfg.device, cfg.dist.bn_group_size, shape)
+    sections.check_section(cfg.device)
+    cfg.device.validate(cfg.dist.bn_group_size, shape)
     _validate_batch(shape, cfg.device)
     validate_mlperf(cfg.mlperf)
     require(
-        cfg.mlperf.clock == "wall" or simulated(cfg.device),
+        cfg.mlperf.clock == "wall" or cfg.device.simulated,
         "mlperf.clock",
         "device time is the simulated IPU's: it needs device=ipu_pod16, ipu_pod64, ...",
     )
@@ -122,27 +133,22 @@ def validate(cfg: Config, world_size: int = 1) -> BatchShape:
         validate_closed_division(cfg.optim, cfg.data.global_batch, cfg.mlperf.target_accuracy)
     _validate_run(cfg.run)
     require(
-        cfg.run.mode != "project" or simulated(cfg.device) or gpu_cluster(cfg.device),
+        cfg.run.mode != "project" or cfg.device.projected,
         "run.mode",
         "project times a simulated IPU system or a GPU cluster: add device=ipu_pod16, ..., dgx_h100, ...",
     )
-    require(
-        cfg.run.mode == "project" or not gpu_cluster(cfg.device),
-        "device",
-        f"{cfg.device.cluster and cfg.device.cluster.name} describes GPU nodes to project onto (run.mode=project);"
-        " to run on this machine's GPU, use device=cuda",
-    )
+    if cfg.run.mode != "project" and (why := cfg.device.only_projected()) is not None:
+        raise ConfigError("device", why)
     return shape
 
 
 def _validate_batch(shape: BatchShape, device: DeviceConfig) -> None:
     """The one rule of how a global batch deals: the same whole number of images to each micro-batch of every
     replica (a rank's, a simulated IPU replica's, or a projected GPU's)."""
-    dealt_to = "replicas" if simulated(device) else "GPUs" if gpu_cluster(device) else "ranks"
     require(
         shape.global_batch % (shape.replicas * shape.grad_accum) == 0,
         "data.global_batch",
-        f"{shape.global_batch} images do not deal evenly to {shape.replicas} {dealt_to} x dist.grad_accum "
+        f"{shape.global_batch} images do not deal evenly to {shape.replicas} {device.dealt_to} x dist.grad_accum "
         f"{shape.grad_accum}",
     )
 

@@ -37,6 +37,7 @@ from mlperf_logging.compliance_checker import mlp_parser
 from mlperf_logging.system_desc_checker import system_desc_checker
 
 import rundir
+from configs.device import sections
 from mlperf_logs import rcp
 from mlperf_logs.compliance import RULESET, USAGE, complaints, root_handlers
 from mlperf_logs.rcp import BENCHMARK
@@ -284,9 +285,10 @@ def _fields(lines: list[str]) -> dict[str, str]:
 
 
 def accelerator_fields(device: dict[str, Any]) -> dict[str, str]:
-    """No accelerator on the CPU; the CUDA devices of this machine; the simulated IPUs of an ipu_sim system."""
-    if device.get("system"):  # a simulated IPU system's
-        return simulated_ipu_fields(device["system"])
+    """The accelerators the run's device section describes (a simulated system's); else the CUDA devices of this
+    machine, or none on the CPU."""
+    if (described := sections.from_resolved(device).accelerator_fields()) is not None:
+        return described
     if device.get("name") == "cuda":
         return cuda_fields()
     not_applicable = ["accelerator_host_interconnect", "accelerator_frequency", "accelerator_on-chip_memories"]
@@ -306,20 +308,6 @@ def cuda_fields() -> dict[str, str]:
         "accelerators_per_node": str(torch.cuda.device_count()),
         "accelerator_model_name": properties.name,
         "accelerator_memory_capacity": f"{properties.total_memory / 1024**3:.0f} GB",
-    }
-
-
-def simulated_ipu_fields(system: dict[str, Any]) -> dict[str, str]:
-    chip = system["chip"]
-    return {
-        "number_of_nodes": str(system["hosts"]),
-        "accelerators_per_node": str(system["ipus"] // system["hosts"]),
-        "accelerator_model_name": f"simulated {system['name']} ({chip['name']} IPU)",
-        "accelerator_frequency": f"{chip['clock_hz'] / 1e6:.0f} MHz",
-        "accelerator_on-chip_memories": f"{chip['sram_bytes'] / 1e6:.0f} MB In-Processor-Memory",
-        "accelerator_memory_capacity": f"{chip['streaming_memory_bytes'] / 1e9:.0f} GB streaming memory",
-        "hw_notes": "accelerators simulated by rn50perf's ipu_sim backend; host fields describe the machine that "
-        "ran the simulation",
     }
 
 

@@ -8,24 +8,27 @@ import contextlib
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import TypeVar
 
 from hydra import compose, initialize_config_module
 from hydra.core.global_hydra import GlobalHydra
 from omegaconf import OmegaConf
 
-from backends.config import DeviceConfig
+from configs.device.base import DeviceConfig
 from configs.schema import register
 from projection.uncertainty import FIXED, Assumption, C, Interval, P, Refit, column, corners, describe, figures
 
+D = TypeVar("D", bound=DeviceConfig)
 
-def device_section(name: str) -> DeviceConfig:
-    """configs/device/<name>.yaml with its chip or GPU, composed by Hydra as a run would."""
+
+def device_section(name: str, section: type[D]) -> D:
+    """configs/device/<name>.yaml with its chip or GPU, composed by Hydra as a run would: a `section`."""
     register()
     inside_a_run = GlobalHydra.instance().is_initialized()  # run.mode=project: compose on the run's search path
     with contextlib.nullcontext() if inside_a_run else initialize_config_module("configs", version_base="1.3"):
         cfg = compose("config", overrides=[f"device={name}"])
     device = OmegaConf.to_object(cfg.device)
-    assert isinstance(device, DeviceConfig)
+    assert isinstance(device, section), f"device={name} is not a {section.__name__}"
     return device
 
 

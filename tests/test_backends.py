@@ -11,11 +11,12 @@ from torch._dynamo.utils import counters
 from backends import build
 from backends.base import Backend, BackendSection, StepSettings
 from backends.build import facts_on
-from backends.config import DEVICES, EXECUTING
+from backends.families import FAMILIES
 from backends.graphs import why_not_captured
 from backends.ipu_sim.backend import IpuSimBackend
 from backends.native import NativeBackend, norm_layer
 from configs.checks import ConfigError
+from configs.device.sections import SECTIONS
 from configs.schema import Config, batch_shape
 from distributed import Topology
 from distributed.batchnorm import DistributedBatchNorm2d
@@ -36,9 +37,14 @@ def section_of(cfg: Config, world_size: int = 1) -> BackendSection:
     return build.section_of(cfg, build.run_facts(cfg, Topology(world_size=world_size), batch_shape(cfg, world_size)))
 
 
-def test_every_device_a_run_can_execute_on_has_a_backend():
-    assert tuple(build.BACKENDS) == EXECUTING
-    assert set(DEVICES) - set(EXECUTING) == {"gpu_cluster"}  # projected onto only: run.mode=train refuses it
+def test_every_device_section_has_a_family_and_each_family_runs_or_is_projected():
+    assert set(FAMILIES) == set(SECTIONS)
+    for name, family in FAMILIES.items():
+        section = SECTIONS[name]
+        assert (family.build is not None) == (section().only_projected() is None), name
+        assert (family.project is not None) == section.projected, name
+    projected_only = {name for name, family in FAMILIES.items() if family.build is None}
+    assert projected_only == {"gpu_cluster"}  # run.mode=train refuses it
 
 
 def test_the_policy_has_the_config_schemas_defaults():

@@ -11,7 +11,7 @@ import pytest
 from configs.checks import ConfigError
 from configs.schema import batch_shape
 from mlperf_logs import rcp
-from project import gpu_projection
+from project import answer
 from projection.convergence import (
     first_evaluation_from,
     given_epochs,
@@ -72,7 +72,7 @@ def test_the_projected_spread_grows_where_the_rcp_spread_grows():
             "run.mode=project", "experiment=imagenet", "device=dgx_h100", f"device.nodes={nodes}",
             f"data.global_batch={batch}", "mlperf.first_eval=1", "mlperf.eval_every=1",
         )  # fmt: skip
-        figures = json.loads(gpu_projection(cfg, batch_shape(cfg, 1), command_line=[]).splitlines()[-1])
+        figures = json.loads(answer(cfg, batch_shape(cfg, 1), command_line=[]).splitlines()[-1])
         below, above = figures["convergence_pct"]
         drawn = drawn_scores(rcp.record_at(batch)["Epochs to converge"])
         low, mean, high = np.quantile(drawn, 0.1), drawn.mean(), np.quantile(drawn, 0.9)

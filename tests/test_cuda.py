@@ -20,9 +20,9 @@ import checkpoint
 import distributed
 from backends.base import StepSettings
 from backends.build import facts_on
-from backends.config import DeviceConfig
 from backends.native import NativeBackend
 from configs.checks import ConfigError
+from configs.device.native import NativeConfig
 from configs.schema import Config, batch_shape
 from data.build import make_loader
 from data.device_decode import decode_crops
@@ -73,7 +73,7 @@ def train_split(root: Path) -> Split:
 
 def test_cuda_without_a_gpu_is_a_config_error_that_says_what_to_use(no_gpu: None) -> None:
     with pytest.raises(ConfigError) as refused:
-        NativeBackend.select_device(DeviceConfig(name="cuda"), local_rank=0)
+        NativeBackend.select_device(NativeConfig(name="cuda"), local_rank=0)
     assert refused.value.key == "device.name"
     assert "no CUDA device is available" in refused.value.message and "device=cpu" in refused.value.message
 
@@ -81,9 +81,9 @@ def test_cuda_without_a_gpu_is_a_config_error_that_says_what_to_use(no_gpu: None
 def test_each_local_rank_gets_its_own_gpu_and_a_rank_without_one_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
-    assert NativeBackend.select_device(DeviceConfig(name="cuda"), local_rank=1) == torch.device("cuda", 1)
+    assert NativeBackend.select_device(NativeConfig(name="cuda"), local_rank=1) == torch.device("cuda", 1)
     with pytest.raises(ConfigError, match=re.escape("local rank 2 has no GPU (2 here)")):
-        NativeBackend.select_device(DeviceConfig(name="cuda"), local_rank=2)
+        NativeBackend.select_device(NativeConfig(name="cuda"), local_rank=2)
 
 
 @pytest.mark.parametrize("compute", ["fp32", "bf16", "fp16"])

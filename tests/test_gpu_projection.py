@@ -8,10 +8,12 @@ import itertools
 import json
 
 import pytest
+from hydra.errors import HydraException
 
 from configs.checks import ConfigError
+from configs.errors import describe
 from configs.schema import batch_shape
-from project import gpu_projection, project
+from project import answer, project
 from projection.calibration import fitted_ranges
 from projection.gpu import calibrate, cost
 from projection.gpu.calibrate import IN_SAMPLE
@@ -97,7 +99,7 @@ def test_an_evaluation_takes_less_time_on_more_gpus(fitted):
 @pytest.mark.parametrize("device", DEVICES)
 def test_every_gpu_cluster_projects_with_the_ipu_reports_keys(device):
     cfg = composed("run.mode=project", "experiment=imagenet", f"device={device}", "device.nodes=2")
-    text = gpu_projection(cfg, batch_shape(cfg, 1), command_line=[])
+    text = answer(cfg, batch_shape(cfg, 1), command_line=[])
     figures = json.loads(text.splitlines()[-1])
     keys = {"throughput_img_s", "throughput_img_s_range", "time_to_train_min", "time_to_train_min_range"}
     assert keys | {"epoch_s", "most_sensitive", "beyond_calibration"} <= figures.keys()
@@ -233,11 +235,26 @@ def test_a_file_that_holds_no_measured_step_is_refused(tmp_path):
             "device.gpus_per_node",
         ),
         (("run.mode=project", "experiment=imagenet", "device=dgx_a100", "device.nodes=5"), "data.global_batch"),
-        (("device=cuda", "device.nodes=2"), "device.nodes"),  # torchrun and SLURM place real ranks
-        (("run.mode=project", "experiment=mlperf_pod16", "device.measured=gpu.json"), "device.measured"),
     ],
 )
 def test_a_cluster_the_run_cannot_use_is_refused_naming_the_key(overrides, key):
     with pytest.raises(ConfigError) as refused:
         composed(*overrides)
     assert refused.value.key == key
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ("device=cuda", "device.nodes=2"),  # torchrun and SLURM place real ranks
+        ("run.mode=project", "experiment=mlperf_pod16", "device.measured=gpu.json"),
+    ],
+)
+def test_a_cluster_key_on_another_device_is_refused_naming_the_family_that_has_it(overrides):
+    with pytest.raises(HydraException) as refused:
+        composed(*overrides)
+    key = overrides[-1].split("=")[0]
+    assert describe(refused.value) == (
+        f"{key}: this device has no such key; gpu_cluster devices have it"
+        " (a cluster: device=dgx_a100, dgx_h100, dgx_h200 or pcie_l40s)"
+    )

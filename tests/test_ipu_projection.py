@@ -13,7 +13,7 @@ from torch import nn
 
 from backends.base import StepSettings
 from backends.ipu_sim import simulator
-from backends.ipu_sim.backend import IpuSimBackend, device_clock
+from backends.ipu_sim.backend import IpuSimBackend
 from backends.ipu_sim.clock import DeviceClock
 from configs.checks import ConfigError
 from configs.schema import Config, batch_shape, validate
@@ -191,7 +191,7 @@ def test_the_device_clock_moves_by_the_cost_models_time_and_resumes_where_it_was
     resumed = tiny_backend(DeviceClock(step_s=0.5, eval_image_s=0.01))
     resumed.load_state_dict(backend.state_dict())
     assert resumed.now() == backend.now()
-    assert device_clock(resumed) is resumed.clock and resumed.clock.elapsed_s == pytest.approx(3 * 0.5 + 4 * 0.01)
+    assert resumed.simulated_clock is resumed.clock and resumed.clock.elapsed_s == pytest.approx(3 * 0.5 + 4 * 0.01)
 
 
 def test_a_run_on_a_simulated_system_shows_its_throughput_and_time_to_train_beside_the_hosts(tmp_path, capsys):

@@ -12,6 +12,7 @@ from backends.base import StepSettings
 from backends.ipu_sim.backend import IpuSimBackend
 from backends.native import NativeBackend
 from configs.checks import ConfigError
+from configs.device.ipu import IpuSimConfig
 from configs.schema import Config, validate
 from distributed.batchnorm import DistributedBatchNorm2d
 from optim.precision import Policy
@@ -126,7 +127,7 @@ def test_each_replica_rounds_with_its_own_stream_wherever_it_runs():
 
 def ipu_config(**device: object) -> Config:
     cfg = Config()
-    cfg.device.name, cfg.device.system = "ipu_sim", system("ipu_pod16")
+    cfg.device = IpuSimConfig(name="ipu_sim", system=system("ipu_pod16"))
     cfg.data.global_batch = 64
     for key, value in device.items():
         section, name = key.split("__")

@@ -21,11 +21,12 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from backends.base import Backend, BackendSection, RunFacts, StepSettings
-from backends.config import DeviceConfig, bn_groups_misfit, pipeline_short_of_micro_batches
+from backends.base import BackendSection, RunFacts, StepSettings
 from backends.ipu_sim.clock import DeviceClock
 from backends.ipu_sim.pipeline import Pipeline
 from backends.native import NativeBackend, Pass, optimizer_for, use_threads
+from configs.device.ipu import IpuSimConfig, bn_groups_misfit, pipeline_short_of_micro_batches
+from configs.device.native import NativeConfig
 
 
 class IpuSimBackend(NativeBackend):
@@ -76,7 +77,7 @@ class IpuSimBackend(NativeBackend):
         self.group_stats = [[s.clone() for s in self.running_stats] for _ in range(groups)] if swapped else []
 
     @staticmethod
-    def select_device(cfg: DeviceConfig, local_rank: int) -> torch.device:
+    def select_device(cfg: NativeConfig, local_rank: int) -> torch.device:
         """The host: the simulated IPUs run there."""
         use_threads(cfg.threads)
         return torch.device("cpu")
@@ -94,6 +95,10 @@ class IpuSimBackend(NativeBackend):
 
     def now(self) -> float:
         return self.clock.now_s
+
+    @property
+    def simulated_clock(self) -> DeviceClock:
+        return self.clock
 
     def forward_passes(self, images: torch.Tensor, labels: torch.Tensor) -> list[Pass]:
         """Replica r takes samples r, r + R, ... of the batch, as the sampler deals samples to ranks, split in
@@ -219,6 +224,7 @@ def build_ipu_sim(
     """The native backend's parts on the host around the model the simulator built and cut at `splits`, with this
     rank's share of the replicas; the system's clock (timed once its memory plan fits) times the steps."""
     device = section.device
+    assert isinstance(device, IpuSimConfig)  # the simulator builds it for a simulated system's section
     return IpuSimBackend(
         model,
         optimizer_for(section, model),
@@ -230,9 +236,3 @@ def build_ipu_sim(
         pipeline_splits=splits,
         sharded=device.pipeline_mode == "sharded",
     )
-
-
-def device_clock(backend: Backend) -> DeviceClock | None:
-    """The simulated system's clock of a backend that runs on one (device=ipu_*, bow_*); None for one that runs
-    here."""
-    return backend.clock if isinstance(backend, IpuSimBackend) else None

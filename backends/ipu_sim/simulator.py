@@ -7,10 +7,12 @@ from __future__ import annotations
 
 from torch import nn
 
-from backends.config import explicit_splits, pipeline_stages
+from backends.base import BackendSection, RunFacts
 from backends.ipu_sim import partition, pipeline
+from backends.ipu_sim.backend import IpuSimBackend, build_ipu_sim
 from backends.ipu_sim.clock import DeviceClock
 from configs.checks import ConfigError
+from configs.device.ipu import IpuSimConfig
 from configs.schema import Config
 from configs.shape import BatchShape
 from hardware.ipu import System
@@ -24,7 +26,7 @@ from projection.ipu.plan import Layout, Plan, plan_run
 def layout(cfg: Config, shape: BatchShape, splits: tuple[str, ...] = ()) -> Layout:
     """The run's layout on the simulated IPU system cut at `splits`, as the probe, the memory plan and the cost
     model read it."""
-    device = cfg.device
+    device = section(cfg)
     return Layout(
         replicas=device.replicas,
         micro_batch=shape.micro_batch,
@@ -46,9 +48,9 @@ def build_model(cfg: Config, classes: int) -> nn.Module:
     """ResNet-50 with plain BatchNorm (a replica group's micro-batches run as one pass, so it sees them together),
     cut into pipeline stages where one tensor crosses each cut."""
     norm = batchnorm(cfg.model.bn_momentum, cfg.model.bn_eps)
-    model = build_resnet50(classes, norm, cfg.model.zero_init_residual, cfg.device.channels_last)
+    model = build_resnet50(classes, norm, cfg.model.zero_init_residual, section(cfg).channels_last)
     modules = dict(model.named_modules())
-    given = explicit_splits(cfg.device) or []
+    given = section(cfg).explicit_splits() or []
     for name in given:
         if name not in modules:
             examples = ", ".join([*list(modules)[1:4], "layer2", "layer3.2"])
@@ -66,12 +68,12 @@ CHOSEN: dict[str, tuple[str, ...]] = {}  # pipeline_splits=auto's cuts by the ru
 def splits(cfg: Config, shape: BatchShape, model: nn.Module) -> tuple[str, ...]:
     """The run's cuts: the names device.pipeline_splits gives, or for "auto" the ones partition.choose picks for
     the IPUs per replica, said once so that a user can pin them."""
-    given = explicit_splits(cfg.device)
+    given = section(cfg).explicit_splits()
     if given is not None:
         return tuple(given)
     key = repr((cfg.device, cfg.data, cfg.precision, shape))  # all that the cuts depend on
     if key not in CHOSEN:
-        stages = pipeline_stages(cfg.device)
+        stages = section(cfg).pipeline_stages()
         if stages == 1:
             CHOSEN[key] = ()
             print(nothing_to_cut(cfg))
@@ -90,7 +92,7 @@ def splits(cfg: Config, shape: BatchShape, model: nn.Module) -> tuple[str, ...]:
 
 def nothing_to_cut(cfg: Config) -> str:
     """Why pipeline_splits=auto leaves a replica whole on one IPU, and what would pipeline it."""
-    device, system = cfg.device, system_of(cfg)
+    device, system = section(cfg), system_of(cfg)
     why = (
         "device.ipus_per_replica=1"
         if device.ipus_per_replica is not None
@@ -134,10 +136,42 @@ def clock(cfg: Config, shape: BatchShape, model: nn.Module, announce: bool) -> D
     return DeviceClock(step_s, eval_image_s, run.global_batch, named)
 
 
+def section(cfg: Config) -> IpuSimConfig:
+    """The run's simulated IPU section (the registry picked the simulator by its device.name)."""
+    assert isinstance(cfg.device, IpuSimConfig)
+    return cfg.device
+
+
 def system_of(cfg: Config) -> System:
     """The simulated system (validation has made sure the config names one)."""
-    assert cfg.device.system is not None
-    return cfg.device.system
+    return section(cfg).chosen_system
 
 
-__all__ = ["Layout", "Plan", "build_model", "clock", "cut_table", "layout", "plan", "splits", "system_of"]
+def listed_cuts(cfg: Config, shape: BatchShape, classes: int) -> str | None:
+    """For device.pipeline_splits=list: every place the model can be cut, with what the first IPU would hold (the
+    run prints it and does nothing more); None for a run that cuts its model itself."""
+    return cut_table(cfg, shape, classes) if section(cfg).pipeline_splits == "list" else None
+
+
+def build_backend(cfg: Config, backend: BackendSection, facts: RunFacts, classes: int) -> IpuSimBackend:
+    """The simulated IPU backend around the model the simulator builds and cuts from the config, with plain
+    BatchNorm, once the system's memory plan fits."""
+    model = build_model(cfg, classes)
+    timed = clock(cfg, facts.shape, model, announce=facts.topology.is_main)
+    return build_ipu_sim(backend, facts, model, timed, splits(cfg, facts.shape, model))
+
+
+__all__ = [
+    "Layout",
+    "Plan",
+    "build_backend",
+    "build_model",
+    "clock",
+    "cut_table",
+    "layout",
+    "listed_cuts",
+    "plan",
+    "section",
+    "splits",
+    "system_of",
+]

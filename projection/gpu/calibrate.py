@@ -37,6 +37,7 @@ from functools import cache, cached_property, partial
 
 import numpy as np
 
+from configs.device.cluster import ClusterConfig
 from hardware.gpu import Cluster
 from models import batchnorm, build_resnet50
 from projection.calibration import Compared, compared, constants_table, device_section, error, print_table_end
@@ -152,9 +153,7 @@ def resnet50_profile() -> ModelProfile:
 
 def load_cluster(name: str) -> Cluster:
     """configs/device/<name>.yaml's cluster with its GPU."""
-    cluster = device_section(name).cluster
-    assert cluster is not None, f"device={name} is not a GPU cluster"
-    return cluster
+    return device_section(name, ClusterConfig).chosen_cluster
 
 
 def in_sample_clusters() -> dict[str, Cluster]:

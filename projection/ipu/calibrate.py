@@ -31,6 +31,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache, partial
 
+from configs.device.ipu import IpuSimConfig
 from hardware.ipu import System
 from models import batchnorm, build_resnet50
 from projection.calibration import compared, constants_table, device_section, error, print_table_end
@@ -363,9 +364,7 @@ def left_out_range(
 
 def load_system(name: str) -> System:
     """configs/device/<name>.yaml's simulated IPU system with its chip."""
-    system = device_section(name).system
-    assert system is not None, f"device={name} is not a simulated IPU system"
-    return system
+    return device_section(name, IpuSimConfig).chosen_system
 
 
 SYSTEMS = {

@@ -1,0 +1,45 @@
+"""Every family's device section, by the device.name its options give: the registry the config's checks, the run's
+start and the MLPerf package reach a device's section through. A new family adds its section here."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import OmegaConf
+
+from configs.checks import ConfigError, one_of
+from configs.device.base import DeviceConfig
+from configs.device.cluster import ClusterConfig
+from configs.device.ipu import IpuSimConfig
+from configs.device.native import NativeConfig
+
+SECTIONS: dict[str, type[DeviceConfig]] = {
+    "cpu": NativeConfig,
+    "cuda": NativeConfig,
+    "ipu_sim": IpuSimConfig,  # a simulated IPU system
+    "gpu_cluster": ClusterConfig,  # GPU nodes that run.mode=project projects a run onto
+}
+GROUP = "device_section"  # the config store's group of sections, which each device option's defaults name
+
+
+def store(config_store: ConfigStore) -> None:
+    """Each section in Hydra's config store, for a device option to compose onto (`- /device_section@_here_: ...`)."""
+    for section in dict.fromkeys(SECTIONS.values()):
+        config_store.store(group=GROUP, name=section.schema, node=section)
+
+
+def check_section(device: DeviceConfig) -> None:
+    """device.name must be one the registry knows, and name the section the device option composed."""
+    one_of(device.name, "device.name", tuple(SECTIONS))
+    section = SECTIONS[device.name]
+    if type(device) is not section:
+        raise ConfigError("device", f"{device.name} needs {section.needs}")
+
+
+def from_resolved(device: dict[str, Any]) -> DeviceConfig:
+    """A run's device section from its resolved config (.hydra/config.yaml), typed as the run composed it."""
+    section = SECTIONS.get(str(device.get("name")), NativeConfig)
+    typed = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(section), device))
+    assert isinstance(typed, DeviceConfig)
+    return typed
