@@ -33,7 +33,7 @@ import rundir
 from checkpoint import CheckpointError
 from configs.checks import ConfigError
 from configs.errors import describe
-from data.split import DatasetError
+from data.sources.split import DatasetError
 from distributed import LaunchError, PeerLost
 from mlperf_logs.logger import MLPerfLogger, constants
 from monitor.metrics import plot

@@ -17,8 +17,8 @@ from checkpoint.checkpointer import Checkpointer
 from configs.schema import Config
 from data.build import decode_where_fastest, loader_workers
 from data.datasets import describe_dataset
-from data.loader import Loader
-from data.split import Split
+from data.loading.loader import Loader
+from data.sources.split import Split
 from distributed import Topology
 from mlperf_logs.hyperparameters import Hyperparameters, Submission, log_hyperparameters, log_submission
 from mlperf_logs.logger import MLPerfLogger, constants

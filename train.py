@@ -50,8 +50,8 @@ from checkpoint.checkpointer import Checkpointer
 from configs.checks import ConfigError
 from configs.schema import Config, register, training_fingerprint, validate
 from data.build import make_loader, open_splits
-from data.loader import Loader
-from data.synthetic import CACHE_ENV
+from data.loading.loader import Loader
+from data.sources.synthetic import CACHE_ENV
 from distributed.stop import Resume, agreed_stop
 from mlperf_logs.logger import SKIPPED_FILES, constants
 from monitor.metrics import EpochMetrics, EpochTimer

@@ -1,4 +1,5 @@
-"""What the dataset index costs at ImageNet's size: the compact index (data.folder) against a tuple of Paths.
+"""What the dataset index costs at ImageNet's size: the compact index (data.sources.folder_index) against a tuple of
+Paths.
 
     python -m bench.index [--classes 1000] [--per-class 1281] [--val-per-class 50] [--reads 300000]
                           [--layout torchvision|kaggle|imagenet_org] [--root DIR]
@@ -8,11 +9,12 @@ and reused by later runs: its files are hard links to one tiny JPEG per class, s
 entries, not data. Each row below then runs in a fresh forked process, so that none sees another's memory:
 
   compact, build            data.datasets.open_dataset, train and val, with an empty index cache: scan the tree
-                            (with the threads data.folder.scan_threads picks for its filesystem) and save the index
+                            (with the threads data.sources.folder_index.scan_threads picks for its filesystem) and
+                            save the index
   compact, build, N threads the same with the other choice (16 threads on a local filesystem, 1 on a network one)
   compact, reopen           open_dataset again, the index saved: check the folders' stamps, read it back
-  paths (peer)              the representation data.folder had before: each file a Path, the labels a tuple of
-                            ints, listed with Path.iterdir and sorted as its index_split did (the same files)
+  paths (peer)              the representation data.sources.folder_index had before: each file a Path, the labels a
+                            tuple of ints, listed with Path.iterdir and sorted as its index_split did (the same files)
 
 For each: the wall time; the process's growth in anonymous memory (Anonymous in /proc/self/smaps_rollup, before
 and after: what it allocated; Rss would also count the code pages a forked child maps again as it runs); then a
@@ -44,13 +46,13 @@ import numpy as np
 from PIL import Image
 
 from bench.folders import claim
-from data import folder
 from data.config import SyntheticConfig
 from data.datasets import open_dataset
-from data.devkit import write_devkit
-from data.folder import FlatLabels, FolderSplit, find_classes, is_image
-from data.layouts import DEVKIT, KAGGLE_IMAGES, KAGGLE_VAL_LABELS, find_layout
-from data.synthetic import CACHE_ENV
+from data.sources import folder_index
+from data.sources.devkit import write_devkit
+from data.sources.folder_index import FlatLabels, FolderSplit, find_classes, is_image
+from data.sources.layouts import DEVKIT, KAGGLE_IMAGES, KAGGLE_VAL_LABELS, find_layout
+from data.sources.synthetic import CACHE_ENV
 
 LAYOUTS = ("torchvision", "kaggle", "imagenet_org")
 MB = 1 << 20
@@ -58,7 +60,7 @@ MB = 1 << 20
 
 @dataclass(frozen=True)
 class PathSplit:
-    """The peer: data.folder's Split before the compact index, a Path object and a Python int per file."""
+    """The peer: data.sources.folder_index's Split before the compact index, a Path object and a Python int per file."""
 
     paths: tuple[Path, ...]
     labels: tuple[int, ...]
@@ -118,8 +120,8 @@ def tiny_jpeg() -> bytes:
 
 
 def backdate(root: Path, seconds: float = 60.0) -> None:
-    """Date the tree's folders and label files `seconds` back, as those of a tree copied earlier (data.folder does
-    not save the index of a tree changed in the last few seconds: data.folder.RACY_NS)."""
+    """Date the tree's folders and label files `seconds` back, as those of a tree copied earlier
+    (data.sources.folder_index does not save the index of a tree changed in the last few seconds: its RACY_NS)."""
     when = time.time() - seconds
     for directory, _, files in os.walk(root):
         labels = [name for name in files if not is_image(name)]
@@ -151,10 +153,10 @@ def open_peer(root: Path) -> tuple[PathSplit, PathSplit]:
 
 def open_compact(root: Path, cache: Path, threads: int | None = None) -> tuple[FolderSplit, FolderSplit]:
     """open_dataset as train.py calls it, with the index cache in `cache` (called in a child process: it sets the
-    child's environment and, given `threads`, data.folder's choice of threads for this filesystem)."""
+    child's environment and, given `threads`, data.sources.folder_index's choice of threads for this filesystem)."""
     os.environ[CACHE_ENV] = str(cache)
     if threads is not None:
-        folder.scan_threads = lambda directory: threads
+        folder_index.scan_threads = lambda directory: threads
     return open_dataset("imagenet", str(root), SyntheticConfig())
 
 
@@ -229,8 +231,8 @@ def measure(name: str, open_splits: Callable[[], tuple], reads: int) -> Row:
 def report(root: Path, args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="rn50perf-index-") as scratch:
         cache, forced = Path(scratch, "chosen"), Path(scratch, "forced")
-        chosen = folder.scan_threads(root)
-        other = 1 if chosen > 1 else folder.SCAN_THREADS
+        chosen = folder_index.scan_threads(root)
+        other = 1 if chosen > 1 else folder_index.SCAN_THREADS
         build = measure("compact, build", lambda: open_compact(root, cache), args.reads)
         saved = list(cache.glob("index/*.npys"))
         if len(saved) != 2:
@@ -251,7 +253,7 @@ def report(root: Path, args: argparse.Namespace) -> int:
     reopen, peer = rows[2], rows[3]
     print(
         f"\n{build.files:,} files ({args.classes} classes x {args.per_class} train + {args.val_per_class} val), "
-        f"{args.layout} layout, {folder.filesystem_type(root) or 'unknown'} filesystem: builds with {chosen} "
+        f"{args.layout} layout, {folder_index.filesystem_type(root) or 'unknown'} filesystem: builds with {chosen} "
         f"thread{'s' * (chosen > 1)}; worker: {args.reads:,} random train[i] reads\n"
     )
     print(f"{'':<26} {'seconds':>8} {'process MB':>11} {'arrays MB':>10} {'worker +MB':>11}")

@@ -5,14 +5,14 @@ entropy floor, from loose files and from indexed tar shards; and what shards sav
 
 DIR is a dataset in an ImageNet layout that data.datasets opens; its train split is timed. Without it a
 photo-like 500x375 q90 set is generated (bench.photos, with a few validation images: data.datasets and the
-packer want both splits). The dataset is packed into indexed tar shards of at most B bytes (data.pack; default
+packer want both splits). The dataset is packed into indexed tar shards of at most B bytes (data.shards.write; default
 4 MB, so that a few hundred images make several shards where training would use 1 GB) in a temporary
 directory. The per-core pipelines run in this process, pinned to one CPU, over the same samples in the same
 order, each for S seconds per round, R rounds interleaved; each pipeline's best round counts (the machine is
 shared, and interference only ever slows a round down):
 
   torchvision  ImageFolder + RandomResizedCrop(224) + RandomHorizontalFlip + PILToTensor, on the installed PIL
-  fused        read the file, draw the crop from the header size (data.transforms, torchvision's parameters),
+  fused        read the file, draw the crop from the header size (data.loading.crop_boxes, torchvision's parameters),
                decode only the crop, resized to 224 and flipped, into a batch slot (data.jpeg.decode_crop)
   DALI CPU     NVIDIA DALI's CPU pipeline (an optional peer: `make peers`; skipped with a note without it),
                one thread, batches of 64 (the loader row's batch): fn.readers.file,
@@ -23,12 +23,12 @@ shared, and interference only ever slows a round down):
                (data.jpeg.pixel_decode), i.e. what the fused pipeline costs with a free resize
   floor        the same reading and crops, with the decode replaced by Huffman decoding of the rows down to
                the crop's bottom and nothing else (data.jpeg.entropy_decode): what any decoder must pay
-  ..., shards  the same pipeline reading each sample from the shards: data.shards' `os.pread` by offset;
+  ..., shards  the same pipeline reading each sample from the shards: data.shards.read's `os.pread` by offset;
                torchvision as ImageFolder would (PIL opens the bytes); DALI with fn.readers.webdataset
 
 Rows marked "C call" time the decoder calls alone (file bytes in memory, crops drawn beforehand). "CPU/wall" is
 the process's CPU time over the wall time of a row's round: at most 1 while every thread, DALI's included,
-stays on the one CPU. The loader rows are the whole loader (data.loader) with N worker processes, from files and
+stays on the one CPU. The loader rows are the whole loader (data.loading.loader) with N worker processes, from files and
 from shards. Last, what shards save: the files opened per epoch, and the time to read every sample's bytes once
 in a random order, with the page cache warm and with the files' pages dropped first. The last line is JSON.
 """
@@ -62,14 +62,14 @@ from bench import photos
 from data import jpeg
 from data.config import SyntheticConfig
 from data.datasets import open_dataset
-from data.folder import FolderSplit
-from data.loader import Batch, Crops, Loader, build_loader
-from data.pack import BLOCK, ensure_shards
-from data.sampler import ShardedSampler
-from data.shard_format import INDEX_FIELDS, ShardSplit
-from data.shards import parse_size
-from data.split import DatasetError, Split
-from data.transforms import CROP_RATIO, Box, random_resized_crop_box
+from data.loading.crop_boxes import CROP_RATIO, Box, random_resized_crop_box
+from data.loading.loader import Batch, Crops, Loader, build_loader
+from data.loading.sampler import ShardedSampler
+from data.shards.__main__ import parse_size
+from data.shards.read import INDEX_FIELDS, ShardSplit
+from data.shards.write import BLOCK, ensure_shards
+from data.sources.folder_index import FolderSplit
+from data.sources.split import DatasetError, Split
 
 SIZE = 224
 AREA_MIN = 0.08
@@ -183,7 +183,7 @@ def write_dali_indexes(shards: ShardSplit, directory: Path) -> list[Path]:
     dali/operators/reader/loader/webdataset_loader.cc: ParseIndexFile, ParseSampleDesc): a first line
     `v1.2 <samples>`, then a line per sample holding `<ext> <offset> <size> <member name>` for each of its
     members, the offset being that of the member's data, 512-aligned. Our index has each sample's .jpg; its
-    .cls is the next member (data.shards), whose data starts one 512-byte header after the image's padded data.
+    .cls is the next member (data.shards.read), whose data starts one 512-byte header after the image's padded data.
     """
     directory.mkdir(parents=True, exist_ok=True)
     paths = []
@@ -281,7 +281,7 @@ def batch_of(split: Split) -> int:
 
 
 def loader_throughput(split: Split, workers: int, seconds: float) -> float:
-    """Images per second out of data.loader with `workers` processes (all cores together)."""
+    """Images per second out of data.loading.loader with `workers` processes (all cores together)."""
     batch = batch_of(split)
     sampler = ShardedSampler(len(split), seed=0, shuffle=True, global_batch=batch)
     return throughput(build_loader(split, Crops(train=True, size=SIZE), sampler, batch=batch, workers=workers), seconds)

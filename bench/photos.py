@@ -10,8 +10,8 @@ weaker chroma fields (colour changes slowly in photos), lit by a smooth gradient
 objects, patches of fine texture (foliage, fabric) and sensor grain, encoded by PIL at the given quality
 with its default 4:2:0 chroma subsampling.
 
-Layout: ``DIR/train/<wnid>/<wnid>_<i>.JPEG`` (ImageFolder and `data.folder` read it). Every image is seeded from
-(seed, class, index), so the set is the same whatever the number of worker processes.
+Layout: ``DIR/train/<wnid>/<wnid>_<i>.JPEG`` (ImageFolder and `data.sources.folder_index` read it). Every image is
+seeded from (seed, class, index), so the set is the same whatever the number of worker processes.
 
     python -m bench.photos DIR [--images 400] [--classes 8] [--size 500x375] [--quality 90] [--seed 0]
 """

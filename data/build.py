@@ -11,12 +11,12 @@ import torch
 import distributed
 from configs.checks import ConfigError
 from configs.shape import BatchShape
-from data import decode_choice
 from data.config import DataConfig
 from data.datasets import open_dataset
-from data.loader import Crops, Loader, build_loader, workers_for_cores
-from data.sampler import ShardedSampler
-from data.split import Split
+from data.loading import decode_choice
+from data.loading.loader import Crops, Loader, build_loader, workers_for_cores
+from data.loading.sampler import ShardedSampler
+from data.sources.split import Split
 from distributed import Topology
 
 
@@ -76,7 +76,7 @@ def make_loader(data: DataConfig, split: Split, place: Placement, *, seed: int, 
 
 def device_share(data: DataConfig) -> float | None:
     """The share of each batch the training device decodes as data.decode pins it (None: the workers decode it
-    all). data.decode=auto starts with the workers, until data.decode_choice has timed both."""
+    all). data.decode=auto starts with the workers, until data.loading.decode_choice has timed both."""
     return {"gpu": 1.0, "hybrid": data.device_share}.get(data.decode)
 
 
@@ -95,7 +95,7 @@ def loader_workers(data: DataConfig, topology: Topology) -> int:
 
 
 def decode_where_fastest(data: DataConfig, loaders: tuple[Loader, ...], place: Placement) -> str | None:
-    """data.decode=auto on a CUDA device: both decoders timed on the training set (data.decode_choice), and the
+    """data.decode=auto on a CUDA device: both decoders timed on the training set (data.loading.decode_choice), and the
     loaders set to the share that feeds most before their first batch; the line that says what was chosen and
     why. None where nothing was timed: the decode pinned, or a device that is the training process's own CPU."""
     if data.decode != "auto" or place.device.type != "cuda":

@@ -7,12 +7,12 @@ from dataclasses import replace
 from pathlib import Path
 
 from data.config import DataConfig, SyntheticConfig
-from data.folder import FolderSplit, find_classes, index_dir, open_split
-from data.layouts import find_layout
-from data.pack import ensure_shards
-from data.shard_format import open_shards
-from data.split import DatasetError, Split
-from data.synthetic import default_root, ensure_dataset
+from data.shards.read import open_shards
+from data.shards.write import ensure_shards
+from data.sources.folder_index import FolderSplit, find_classes, index_dir, open_split
+from data.sources.layouts import find_layout
+from data.sources.split import DatasetError, Split
+from data.sources.synthetic import default_root, ensure_dataset
 
 IMAGENET_TRAIN_IMAGES, IMAGENET_EVAL_IMAGES = 1_281_167, 50_000
 
@@ -22,7 +22,7 @@ def open_dataset(name: str, root: str | None, synthetic: SyntheticConfig, form: 
     as `form` says: "files" (a folder tree) or "shards" (ImageNet: `root` holds `python -m data.shards`' output;
     the synthetic set is packed next to its folder on first use).
 
-    ImageNet's layout is recognised from what is at `root` (data.layouts); each split's index is saved in the
+    ImageNet's layout is recognised from what is at `root` (data.sources.layouts); each split's index is saved in the
     cache and reused while its folders are unchanged.
     """
     if name == "imagenet" and form == "shards":

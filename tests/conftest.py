@@ -24,8 +24,8 @@ from configs.checks import ConfigError
 from configs.errors import describe
 from configs.schema import Config, register, validate
 from data.build import open_splits
-from data.split import Split
-from data.synthetic import CACHE_ENV
+from data.sources.split import Split
+from data.sources.synthetic import CACHE_ENV
 from distributed import Topology
 from tests.filesystems import read_only_directory, small_filesystem  # noqa: F401 (fixtures for every test file)
 from tests.forked import run_forked, start_fork_server

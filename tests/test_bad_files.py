@@ -15,13 +15,13 @@ from typing import Any
 import pytest
 import torch
 
-from data import folder
-from data.folder import FolderSplit, find_classes, open_split
-from data.loader import Crops, Loader, build_loader
-from data.pack import pack
-from data.sampler import ShardedSampler
-from data.shard_format import BLOCK, ShardSplit, open_shards
-from data.split import DatasetError, Split, UnreadableSample
+from data.loading.loader import Crops, Loader, build_loader
+from data.loading.sampler import ShardedSampler
+from data.shards.read import BLOCK, ShardSplit, open_shards
+from data.shards.write import pack
+from data.sources import folder_index
+from data.sources.folder_index import FolderSplit, find_classes, open_split
+from data.sources.split import DatasetError, Split, UnreadableSample
 from tests.conftest import config_error
 from tests.jpeg_samples import jpeg
 
@@ -207,7 +207,7 @@ def test_the_saved_index_keeps_each_files_size_so_a_later_start_sees_it_truncate
     (truncated,) = late_files(train_split(photos), 1)
     size = truncated.stat().st_size
     os.truncate(truncated, 50)  # in place: its folder's mtime stays, and the saved index is reused
-    monkeypatch.setattr(folder, "_image_names", lambda directory: pytest.fail(f"listed {directory} again"))
+    monkeypatch.setattr(folder_index, "_image_names", lambda directory: pytest.fail(f"listed {directory} again"))
     split = open_split(photos / "train", classes, cache=tmp_path / "index")
     index = next(i for i in range(len(split)) if split[i][0] == str(truncated))
     with pytest.raises(UnreadableSample) as unreadable:

@@ -14,7 +14,7 @@ from bench.loader import generate_photos, write_dali_indexes
 from bench.precision import curves
 from data.config import SyntheticConfig
 from data.datasets import open_dataset
-from data.pack import ensure_shards
+from data.shards.write import ensure_shards
 from tests.user_folder import files, plant
 
 REPO = Path(__file__).resolve().parent.parent

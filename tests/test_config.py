@@ -14,8 +14,8 @@ import yaml
 
 from configs.checks import ConfigError
 from configs.schema import Config, validate
-from data.split import DatasetError
-from data.synthetic import CACHE_ENV
+from data.sources.split import DatasetError
+from data.sources.synthetic import CACHE_ENV
 from tests.conftest import REPO, config_error, configured_dataset, run_train
 
 

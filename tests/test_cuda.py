@@ -25,9 +25,9 @@ from configs.checks import ConfigError
 from configs.device.native import NativeConfig
 from configs.schema import Config, batch_shape
 from data.build import make_loader
-from data.device_decode import decode_crops
-from data.folder import find_classes, open_split
-from data.split import Split
+from data.loading.device_decode import decode_crops
+from data.sources.folder_index import find_classes, open_split
+from data.sources.split import Split
 from distributed import group
 from distributed.allreduce import Stopwatch
 from distributed.topology import Topology
@@ -99,7 +99,7 @@ def test_16_bit_compute_on_cuda_is_native_unless_emulation_is_forced(
     assert Policy.for_device(cfg.precision, "cpu").emulated == (compute != "fp32")
 
 
-# the loader's pinned memory (data.build.make_loader, data/loader.py)
+# the loader's pinned memory (data.build.make_loader, data/loading/loader.py)
 
 
 def test_batches_are_pinned_for_a_cuda_device_only(tiny_tree: Path) -> None:
@@ -406,7 +406,7 @@ def test_a_resnet50_step_on_cuda_never_waits_for_the_host(name: str) -> None:
     assert all(bool(torch.isfinite(loss)) for loss in losses)
 
 
-# data.device_decode: nvJPEG on CUDA (the CPU side: tests/test_device_decode.py)
+# data.loading.device_decode: nvJPEG on CUDA (the CPU side: tests/test_device_decode.py)
 
 
 @pytest.mark.cuda
@@ -443,7 +443,7 @@ def test_a_loader_decoding_on_cuda_gives_the_workers_batches_from_its_fixed_buff
 def test_the_feeder_never_overwrites_a_batch_a_slow_step_has_not_read_yet() -> None:
     """Each step sleeps on the GPU before it reads its batch, while the producer's stream fills the other buffers
     at once: without the events a buffer would be refilled before its step read it."""
-    from data.feeder import Feeder
+    from data.loading.feeder import Feeder
 
     def prepare(item: int) -> tuple[torch.Tensor, torch.Tensor]:
         return torch.full((4, 8, 8, 3), item, dtype=torch.uint8, device=CUDA), torch.full((4,), item, device=CUDA)

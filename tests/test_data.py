@@ -10,13 +10,13 @@ import torch
 from PIL import Image
 
 from configs.schema import batch_shape
-from data import folder
 from data.build import loader_workers, too_few_images
-from data.folder import find_classes, open_split
-from data.loader import BatchDataset, Crops, Loader, build_loader, workers_for_cores
-from data.sampler import ShardedSampler
-from data.split import DatasetError
-from data.transforms import centre_crop_box, random_resized_crop_box
+from data.loading.crop_boxes import centre_crop_box, random_resized_crop_box
+from data.loading.loader import BatchDataset, Crops, Loader, build_loader, workers_for_cores
+from data.loading.sampler import ShardedSampler
+from data.sources import folder_index
+from data.sources.folder_index import find_classes, open_split
+from data.sources.split import DatasetError
 from distributed import Topology
 from monitor.progress import print_summary
 from tests import jpeg_samples
@@ -187,7 +187,9 @@ def test_an_empty_class_folder_is_refused_by_name_also_from_the_saved_index(tiny
         os.utime(path, (week_ago, week_ago))
     for scanned in (True, False):
         if not scanned:  # the second start reads the index the first one saved
-            monkeypatch.setattr(folder, "_image_names", lambda directory: pytest.fail(f"listed {directory} again"))
+            monkeypatch.setattr(
+                folder_index, "_image_names", lambda directory: pytest.fail(f"listed {directory} again")
+            )
         with pytest.raises(DatasetError) as refused:
             open_split(tiny_tree / split, ("n01", "n02"), cache=tmp_path / "index")
         assert str(refused.value) == f"{empty} {NO_IMAGES}"
@@ -254,10 +256,10 @@ def test_a_dead_worker_is_an_error_not_a_hang(tiny_tree, monkeypatch):
 
 
 def test_class_folders_are_listed_by_threads_only_on_a_network_filesystem(monkeypatch, tmp_path):
-    assert folder.filesystem_type(Path("/proc/self")) == "proc"  # the longest mount point above the path
-    for kind, threads in [("ext4", 1), ("nfs4", folder.SCAN_THREADS), ("fuse.sshfs", folder.SCAN_THREADS)]:
-        monkeypatch.setattr(folder, "filesystem_type", lambda path, kind=kind: kind)
-        assert folder.scan_threads(tmp_path) == threads, kind
+    assert folder_index.filesystem_type(Path("/proc/self")) == "proc"  # the longest mount point above the path
+    for kind, threads in [("ext4", 1), ("nfs4", folder_index.SCAN_THREADS), ("fuse.sshfs", folder_index.SCAN_THREADS)]:
+        monkeypatch.setattr(folder_index, "filesystem_type", lambda path, kind=kind: kind)
+        assert folder_index.scan_threads(tmp_path) == threads, kind
 
 
 def test_files_decoded_despite_libjpeg_warnings_are_counted_for_the_summary(tiny_tree, capsys):

@@ -16,12 +16,13 @@ from PIL import Image
 
 from backends.build import facts_on
 from configs.schema import batch_shape
-from data import decode_choice, device_decode, jpeg, loader
+from data import jpeg
 from data.build import decode_where_fastest, make_loader, open_splits
-from data.device_decode import decode_crops, resize_crops
-from data.feeder import BUFFERS, Feeder
-from data.split import DatasetError
-from data.transforms import Box, centre_crop_box, random_resized_crop_box
+from data.loading import decode_choice, device_decode, loader
+from data.loading.crop_boxes import Box, centre_crop_box, random_resized_crop_box
+from data.loading.device_decode import decode_crops, resize_crops
+from data.loading.feeder import BUFFERS, Feeder
+from data.sources.split import DatasetError
 from distributed import Topology
 from tests import jpeg_samples, test_data
 from tests.conftest import composed

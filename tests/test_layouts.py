@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from data import folder
 from data.config import SyntheticConfig
 from data.datasets import describe_dataset, open_dataset
-from data.devkit import write_devkit
-from data.split import DatasetError, Split
-from data.synthetic import CACHE_ENV
+from data.sources import folder_index
+from data.sources.devkit import write_devkit
+from data.sources.split import DatasetError, Split
+from data.sources.synthetic import CACHE_ENV
 from tests import user_folder
 from tests.conftest import configured_dataset
 from tests.jpeg_samples import jpeg
@@ -79,7 +79,7 @@ def backdate(root: Path) -> None:
     that has not changed in the last few seconds)."""
     when = time.time() - 60
     for directory, _, files in os.walk(root):
-        for path in [directory, *(os.path.join(directory, name) for name in files if not folder.is_image(name))]:
+        for path in [directory, *(os.path.join(directory, name) for name in files if not folder_index.is_image(name))]:
             os.utime(path, (when, when))
 
 
@@ -178,7 +178,7 @@ def test_a_second_start_reads_the_saved_index_until_the_tree_changes(tmp_path, c
     first = [samples(split) for split in imagenet(root)]
     assert len(list(cache.glob("index/*.npys"))) == 2
     with monkeypatch.context() as patch:
-        patch.setattr(folder, "_image_names", lambda directory: pytest.fail(f"listed {directory} again"))
+        patch.setattr(folder_index, "_image_names", lambda directory: pytest.fail(f"listed {directory} again"))
         assert [samples(split) for split in imagenet(root)] == first
 
     added = root / KAGGLE_IMAGES / "train" / WNIDS[1] / "added.JPEG"
@@ -207,7 +207,7 @@ def test_an_unwritable_cache_only_costs_a_warning(tmp_path, monkeypatch, caplog)
     backdate(root)
     (tmp_path / "not-a-folder").write_text("")
     monkeypatch.setenv(CACHE_ENV, str(tmp_path / "not-a-folder"))
-    with caplog.at_level(logging.WARNING, logger="data.folder"):
+    with caplog.at_level(logging.WARNING, logger="data.sources.folder_index"):
         train, val = imagenet(root)
     assert samples(train) == expected(train_images()) and samples(val) == expected(val_images())
     assert "could not save the dataset index" in caplog.text

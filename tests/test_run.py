@@ -29,7 +29,7 @@ import rundir
 from checkpoint import CheckpointError
 from configs.checks import ConfigError
 from configs.schema import training_fingerprint
-from data.synthetic import CACHE_ENV
+from data.sources.synthetic import CACHE_ENV
 from mlperf_logs.logger import SKIPPED_FILES
 from optim.precision import emulates
 from tests.conftest import (

@@ -22,13 +22,13 @@ import webdataset
 
 from data.config import SyntheticConfig
 from data.datasets import open_dataset
-from data.devkit import write_devkit
-from data.loader import Crops, build_loader
-from data.pack import ensure_shards, open_archives, pack
-from data.sampler import ShardedSampler
-from data.shard_format import ShardSplit, open_shards
-from data.shards import main
-from data.split import DatasetError, Split
+from data.loading.loader import Crops, build_loader
+from data.loading.sampler import ShardedSampler
+from data.shards.__main__ import main
+from data.shards.read import ShardSplit, open_shards
+from data.shards.write import ensure_shards, open_archives, pack
+from data.sources.devkit import write_devkit
+from data.sources.split import DatasetError, Split
 from tests.conftest import ALL_EPOCHS, REPO, run_train
 from tests.jpeg_samples import jpeg, png
 from tests.user_folder import files, plant

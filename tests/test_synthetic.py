@@ -10,9 +10,9 @@ import pytest
 from PIL import Image, JpegImagePlugin
 
 from configs.checks import ConfigError
-from data import synthetic
 from data.config import MAX_CLASSES, SyntheticConfig, validate_synthetic
-from data.synthetic import class_descriptions, class_names, default_root, ensure_dataset
+from data.sources import synthetic
+from data.sources.synthetic import class_descriptions, class_names, default_root, ensure_dataset
 from tests.user_folder import files
 
 TINY = SyntheticConfig(classes=4, train_per_class=6, val_per_class=3, seed=0)

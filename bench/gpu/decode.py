@@ -2,9 +2,10 @@
 step's image size, each figure saved as soon as it is measured:
 
   cpu     the fused decoder per core: data.jpeg.decode_crop in this one thread, each file's random-resized crop box
-          drawn from its header's size (data.jpeg.image_size, data.transforms.random_resized_crop_box), as a loader
-          worker does
-  device  data.device_decode.decode_crops on the training device from one thread, in batches of the step's batch
+          drawn from its header's size (data.jpeg.image_size, data.loading.crop_boxes.random_resized_crop_box), as
+          a loader worker does
+  device  data.loading.device_decode.decode_crops on the training device from one thread, in batches of the step's
+          batch
   beside  the best step (bench.gpu.step.best_known) timed alone, then timed while a second thread decodes batches
           with decode_crops continuously on a CUDA stream of its own: the step's rate both ways, how many times
           slower it ran beside the decoding, and the decoding's rate meanwhile
@@ -30,9 +31,10 @@ import torch
 from bench.gpu import stage
 from bench.gpu import step as step_stage
 from bench.gpu.pipeline import imagenet_like
-from data import decode_choice, jpeg
-from data.device_decode import decode_crops
-from data.transforms import Box, random_resized_crop_box
+from data import jpeg
+from data.loading import decode_choice
+from data.loading.crop_boxes import Box, random_resized_crop_box
+from data.loading.device_decode import decode_crops
 
 AREA_MIN = 0.08  # the random-resized crop's smallest share of the image (data.crop_area_min's default)
 FILES = {False: 1024, True: 40}  # the photos held in memory for the timed loops (full, tiny)

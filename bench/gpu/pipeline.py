@@ -1,8 +1,8 @@
 """Stages `loader` and `e2e`: the input pipeline at 224 px on ImageNet-like JPEGs, alone and feeding the step.
 
-    loader  data.loader as train.py builds it (data.build.make_loader), batch 256, timed for a few seconds from its
-            first batch: the workers decoding (data.decode=cpu: the fused decode-and-crop, pinned batches on CUDA)
-            with 4, 8 and every core but one of them ("8"); the workers reading the bytes and the GPU decoding
+    loader  data.loading.loader as train.py builds it (data.build.make_loader), batch 256, timed for a few seconds
+            from its first batch: the workers decoding (data.decode=cpu: the fused decode-and-crop, pinned batches
+            on CUDA) with 4, 8 and every core but one of them ("8"); the workers reading the bytes and the GPU decoding
             (data.decode=gpu, "gpu/8") with the same counts; and the batch split (data.decode=hybrid,
             "hybrid0.8/15"), data.device_share of each batch decoded on the GPU and the rest by every worker
     e2e     the harness end to end: that loader feeding backend.train_step, with the fastest precision, speed

@@ -12,7 +12,7 @@ import sys
 
 import rundir
 from bench.gpu import stage
-from data.synthetic import CACHE_ENV
+from data.sources.synthetic import CACHE_ENV
 from mlperf_logs.summarize import SUCCESS, summarize_run
 
 

@@ -17,7 +17,7 @@ from omegaconf import OmegaConf
 
 from bench.folders import claim, is_ours, refuse
 from configs.schema import Config, register, validate
-from data.loader import workers_for_cores
+from data.loading.loader import workers_for_cores
 
 Figures = dict[str, object]
 

@@ -34,7 +34,7 @@ import rundir
 from bench.gpu import stage
 from bench.gpu import step as step_stage
 from bench.gpu.pipeline import imagenet_like
-from data.synthetic import CACHE_ENV
+from data.sources.synthetic import CACHE_ENV
 from mlperf_logs.summarize import summarize_run
 from monitor.metrics import MetricsCSV
 

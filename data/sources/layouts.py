@@ -21,9 +21,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from data.devkit import devkit_files, val_wnids
-from data.folder import FlatLabels, is_image
-from data.split import DatasetError
+from data.sources.devkit import devkit_files, val_wnids
+from data.sources.folder_index import FlatLabels, is_image
+from data.sources.split import DatasetError
 
 KAGGLE_IMAGES = Path("ILSVRC", "Data", "CLS-LOC")
 KAGGLE_VAL_LABELS = "LOC_val_solution.csv"

@@ -2,7 +2,7 @@
 
 The workers' fused decoder is timed on one core of the training process, as a worker decodes (the header read,
 the crop drawn, the crop decoded into a slot), and counted once a worker; the device's decoder
-(data.device_decode) is timed from one thread, as the producer thread runs it. Both take the same files of the
+(data.loading.device_decode) is timed from one thread, as the producer thread runs it. Both take the same files of the
 training set. The share of each batch that leaves both busy for the same time feeds the most: device / (device +
 workers); a share within AUTO_SNAP of 0 or 1 is taken as cpu or gpu, where the other decoder would add a few
 percent at most. The GPU check's decode stage (bench/gpu/decode.py) times the two the same way.
@@ -18,9 +18,9 @@ import numpy as np
 import torch
 
 from data import jpeg
-from data.device_decode import decode_crops
-from data.loader import BatchDataset
-from data.transforms import Box
+from data.loading.crop_boxes import Box
+from data.loading.device_decode import decode_crops
+from data.loading.loader import BatchDataset
 
 SAMPLES = 64  # files timed, read once before the clocks start
 AUTO_SNAP = 0.05
@@ -94,7 +94,7 @@ def fused_rate(files: Sequence[bytes], draw: Draw, size: int, seconds: float) ->
 def device_rate(
     files: Sequence[bytes], draw: Draw, size: int, batch: int, device: torch.device, seconds: float
 ) -> float:
-    """Images a second of data.device_decode.decode_crops from this one thread, the files dealt in batches of
+    """Images a second of data.loading.device_decode.decode_crops from this one thread, the files dealt in batches of
     `batch` (the last filled from the first), their crops drawn beforehand as the workers draw them; the first
     batch, which sets the decoder up, untimed."""
     count = max(batch, len(files) // batch * batch)

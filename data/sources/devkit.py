@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from data.split import DatasetError
+from data.sources.split import DatasetError
 
 META = "data/meta.mat"
 GROUND_TRUTH = "data/ILSVRC2012_validation_ground_truth.txt"

@@ -13,7 +13,7 @@ from torchvision.transforms import RandomResizedCrop
 Box = tuple[int, int, int, int]
 
 CROP_RATIO = (3 / 4, 4 / 3)  # the MLPerf reference's aspect-ratio range
-# One draw at a time: the producer thread (data.feeder) draws crops in the training process when it reads the
+# One draw at a time: the producer thread (data.loading.feeder) draws crops in the training process when it reads the
 # files itself (data.workers=0), and two draws interleaved on the one global generator would swap their numbers.
 _GLOBAL_GENERATOR = threading.Lock()
 

@@ -32,7 +32,7 @@ import numpy as np
 from PIL import Image, ImageChops, ImageDraw, ImageFilter
 
 from data.config import SyntheticConfig
-from data.staging import build_atomically
+from data.sources.staging import build_atomically
 
 GENERATOR_VERSION = 1  # bump whenever the images change, so that cached datasets are regenerated
 SPLITS = ("train", "val")

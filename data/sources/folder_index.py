@@ -28,9 +28,9 @@ from pathlib import Path
 
 import numpy as np
 
-from data.split import DatasetError, UnreadableSample
-from data.staging import atomic_file
-from data.synthetic import cache_root
+from data.sources.split import DatasetError, UnreadableSample
+from data.sources.staging import atomic_file
+from data.sources.synthetic import cache_root
 
 log = logging.getLogger(__name__)
 

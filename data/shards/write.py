@@ -1,4 +1,4 @@
-"""Packing a dataset into indexed tar shards (data.shards describes them and holds the command line), resumably:
+"""Packing a dataset into indexed tar shards (their format: data.shards.read), resumably, as the command line does:
 
     python -m data.shards --root DATASET --out DIR [--shard-size 1GB]    any folder layout data.datasets opens
     python -m data.shards --archives DIR --out DIR [--shard-size 1GB]    image-net.org's ILSVRC2012_img_train.tar,
@@ -27,8 +27,7 @@ from typing import Any, BinaryIO, NoReturn
 import numpy as np
 from tqdm import tqdm
 
-from data.devkit import val_wnids
-from data.shard_format import (
+from data.shards.read import (
     BLOCK,
     DEFAULT_SHARD_SIZE,
     FORMAT,
@@ -44,8 +43,9 @@ from data.shard_format import (
     shard_name,
     shard_problem,
 )
-from data.split import DatasetError, Split
-from data.staging import atomic_file, build_atomically
+from data.sources.devkit import val_wnids
+from data.sources.split import DatasetError, Split
+from data.sources.staging import atomic_file, build_atomically
 
 END_OF_ARCHIVE = bytes(2 * BLOCK)
 MAX_STEM = 80  # keys stay well inside ustar's 100-byte member names

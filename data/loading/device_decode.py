@@ -1,5 +1,5 @@
 """Decoding on the training device: a batch's JPEGs decoded there, then cropped, resized and flipped there with
-the boxes the fused CPU decoder would use (data.transforms draws them from the headers alone).
+the boxes the fused CPU decoder would use (data.loading.crop_boxes draws them from the headers alone).
 
 torchvision.io.decode_jpeg takes a list of encoded images and a device: on CUDA it decodes the whole list in one
 call with nvJPEG, on the GPU's hardware JPEG engines where it has them (A100, H100, H200; pytorch/vision#8496
@@ -15,7 +15,7 @@ from collections.abc import Sequence
 import torch
 from torchvision.io import ImageReadMode, decode_jpeg
 
-from data.transforms import Box
+from data.loading.crop_boxes import Box
 
 PADDED_ELEMENTS = 2**26  # the most values a chunk of padded crops holds while resized (256 MB in fp32)
 

@@ -1,5 +1,6 @@
-"""`python -m data.shards`: pack a dataset into indexed tar shards (data.pack; the format is data.shard_format's),
-or check a shard directory.
+"""`python -m data.shards`: pack a dataset into indexed tar shards, or check a shard directory.
+
+data.shards.write packs them; data.shards.read reads and checks them.
 
     python -m data.shards --root DIR --out DIR          a dataset in any folder layout data.datasets opens
     python -m data.shards --archives DIR --out DIR      image-net.org's archives, unpacked as they are read
@@ -15,11 +16,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from data import pack
 from data.config import SyntheticConfig
 from data.datasets import open_dataset
-from data.shard_format import DEFAULT_SHARD_SIZE, MANIFEST, check_shards, open_shards
-from data.split import DatasetError, Split
+from data.shards.read import DEFAULT_SHARD_SIZE, MANIFEST, check_shards, open_shards
+from data.shards.write import open_archives, pack
+from data.sources.split import DatasetError, Split
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -36,8 +37,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"{args.out} is already packed ({MANIFEST}); nothing to do")
         else:
             source = args.root or args.archives
-            splits = pack.open_archives(source) if args.archives else _open_folder_dataset(source)
-            manifest = pack.pack(splits, args.out, shard_size=args.shard_size, source=str(source.resolve()))
+            splits = open_archives(source) if args.archives else _open_folder_dataset(source)
+            manifest = pack(splits, args.out, shard_size=args.shard_size, source=str(source.resolve()))
             print(_summary(args.out, manifest))
     except (DatasetError, OSError) as err:  # bad data, or a path that cannot be read or written
         print(f"error: {err}", file=sys.stderr)

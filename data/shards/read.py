@@ -21,7 +21,7 @@ Each epoch is still a full pass over the whole training set in a fresh random or
 sampler permutes sample indices across all shards (a shard-level shuffle would not be a full permutation).
 
 Pack with `python -m data.shards --root DIR --out DIR`, or from image-net.org's archives with `--archives DIR`;
-`python -m data.shards --check DIR` verifies every shard's hash (data.pack does the packing).
+`python -m data.shards --check DIR` verifies every shard's hash (data.shards.write does the packing).
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
-from data.split import DatasetError, UnreadableSample
+from data.sources.split import DatasetError, UnreadableSample
 
 FORMAT = "rn50perf-shards"
 VERSION = 1
@@ -60,12 +60,12 @@ def index_name(split: str) -> str:
 
 
 class ShardSplit:
-    """One split stored as byte ranges of tar files, read with `os.pread`: the Split protocol of data.split.
+    """One split stored as byte ranges of tar files, read with `os.pread`: the Split protocol of data.sources.split.
 
     `split[i] -> ("train-000003.tar:n01440764_10026.jpg", label)`. The index is five numpy arrays (no Python
     object per sample), so forked loader workers share its pages instead of copying them. Each process opens
     each tar once, on its first read, and keeps it open. `check_headers`: each read checks that the member's tar
-    header names it (the shards of data.pack; not image-net.org's archives, read in place to pack them, whose
+    header names it (the shards of data.shards.write; not image-net.org's archives, read in place to pack them, whose
     train images are named in their class tar's headers without the class tar's name that the index gives them).
     """
 
@@ -118,7 +118,7 @@ class ShardSplit:
 
 
 def is_header_of(block: bytes, member: bytes, size: int) -> bool:
-    """Whether `block` starts with the ustar header of `member`, of `size` bytes (as data.pack writes them)."""
+    """Whether `block` starts with the ustar header of `member`, of `size` bytes (as data.shards.write writes them)."""
     name, _, _ = block[NAME_FIELD].partition(b"\0")
     try:
         return name == member and int(block[SIZE_FIELD].strip(b"\0 "), 8) == size

@@ -8,7 +8,7 @@ another sample drawn from its slot's own seed and reported once, or ends the run
 `max_skipped` distinct files skipped end it too. A replacement changes that slot alone: every other sample, in its
 batch and in every later one, is the sample it would have been, so a resumed run stays bitwise.
 With a share of each batch left to the training device (data.decode=gpu or hybrid), the worker reads those files'
-bytes and draws their crops only, and a producer thread of the training process decodes them (data.feeder).
+bytes and draws their crops only, and a producer thread of the training process decodes them (data.loading.feeder).
 """
 
 from __future__ import annotations
@@ -32,11 +32,11 @@ from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter
 
 from data import jpeg
 from data.config import CORRUPT_POLICIES, MAX_SKIPPED
-from data.device_decode import decode_each, resize_crops
-from data.feeder import Feeder
-from data.sampler import ShardedSampler
-from data.split import DatasetError, Split
-from data.transforms import Box, centre_crop_box, random_resized_crop_box
+from data.loading.crop_boxes import Box, centre_crop_box, random_resized_crop_box
+from data.loading.device_decode import decode_each, resize_crops
+from data.loading.feeder import Feeder
+from data.loading.sampler import ShardedSampler
+from data.sources.split import DatasetError, Split
 
 log = logging.getLogger(__name__)
 
@@ -506,7 +506,7 @@ def build_loader(
     """Full batches (training) or every sample with a trailing partial batch (evaluation), uint8 NHWC, for the
     training `device` (a CUDA one gets each batch copied ahead on a side stream): decoded by the workers, or with
     a `device_share` (data.decode=gpu or hybrid), that share of each batch by the device, in a producer thread
-    (data.feeder), from the bytes the workers read."""
+    (data.loading.feeder), from the bytes the workers read."""
     dataset = BatchDataset(
         split, crops, corrupt=corrupt, cache_bytes=cache_bytes, max_pixels=max_pixels, device_share=device_share
     )

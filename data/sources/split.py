@@ -1,6 +1,7 @@
 """What the loader reads: a split is a sequence of (name, label) samples whose bytes it can read.
 
-Two kinds implement it: a folder tree's compact index (data.folder) and indexed tar shards (data.shards).
+Two kinds implement it: a folder tree's compact index (data.sources.folder_index) and indexed tar shards
+(data.shards.read).
 """
 
 from __future__ import annotations
