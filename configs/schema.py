@@ -7,7 +7,7 @@ raises `ConfigError` naming the key and what is allowed.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, fields, is_dataclass
+from dataclasses import dataclass, fields, is_dataclass
 from typing import TYPE_CHECKING
 
 from hydra.core.config_store import ConfigStore
@@ -16,6 +16,7 @@ from configs.checks import ConfigError, one_of, positive, require
 from configs.device import sections
 from configs.device.base import DeviceConfig
 from configs.device.native import NativeConfig
+from configs.fingerprint import fingerprint, not_training, not_training_section, training, training_section
 from configs.shape import BatchShape
 from data.config import DataConfig
 from data.config import validate as validate_data
@@ -39,44 +40,50 @@ class ModelConfig:
     """ResNet-50 v1.5, the only model MLPerf's ResNet benchmark trains (the group option's name says so); its keys
     are the initialisation and BatchNorm settings the rules leave open."""
 
-    zero_init_residual: bool = True  # zero-initialised last BN gamma in each residual block
-    bn_momentum: float = 0.1  # PyTorch convention (TF reference: 0.9)
-    bn_eps: float = 1e-5
+    zero_init_residual: bool = training(True)  # zero-initialised last BN gamma in each residual block
+    bn_momentum: float = training(0.1)  # PyTorch convention (TF reference: 0.9)
+    bn_eps: float = training(1e-5)
 
 
 @dataclass
 class DistConfig:
-    grad_accum: int = 1  # micro-batches per weight update
-    bn_group_size: int = 1  # consecutive ranks whose BatchNorm statistics are reduced together (the BN span)
-    bucket_mb: float | None = None  # gradient all-reduce bucket size in MB; None: one bucket
-    overlap: bool = False  # launch each bucket's all-reduce during backward, as soon as it is full
-    timeout_s: float = 300.0  # a collective that waits longer fails, and the run stops naming the rank
+    grad_accum: int = training(1)  # micro-batches per weight update
+    # consecutive ranks whose BatchNorm statistics are reduced together (the BN span)
+    bn_group_size: int = training(1)
+    bucket_mb: float | None = training(None)  # gradient all-reduce bucket size in MB; None: one bucket
+    overlap: bool = training(False)  # launch each bucket's all-reduce during backward, as soon as it is full
+    timeout_s: float = training(300.0)  # a collective that waits longer fails, and the run stops naming the rank
 
 
 @dataclass
 class RunConfig:
-    mode: str = "train"  # train | benchmark (time the step) | project (time to train on a device it projects)
-    seed: int = 1
-    max_epochs: int = 40
-    resume: str = "none"  # none | auto: continue from the checkpoint in the output directory, if there is one
-    checkpoint: bool = True  # write a checkpoint at each epoch end
-    checkpoint_every_steps: int = 0  # and every this many steps within an epoch too (0: at epoch ends only)
-    progress: str = "auto"  # auto (bar on a terminal, lines otherwise) | bar | lines | none
-    benchmark_steps: int = 20  # run.mode=benchmark: timed train steps on random in-memory batches
-    tensorboard: bool = True  # rank 0 writes TensorBoard scalars into the run directory (tensorboard --logdir outputs)
-    allow_not_converged: bool = False  # a run that ends short of the target exits 0, not NOT_CONVERGED (3)
+    # train | benchmark (time the step) | project (time to train on a device it projects)
+    mode: str = not_training("train")
+    seed: int = training(1)
+    max_epochs: int = training(40)
+    # none | auto: continue from the checkpoint in the output directory, if there is one
+    resume: str = not_training("none")
+    checkpoint: bool = not_training(True)  # write a checkpoint at each epoch end
+    # and every this many steps within an epoch too (0: at epoch ends only)
+    checkpoint_every_steps: int = not_training(0)
+    progress: str = not_training("auto")  # auto (bar on a terminal, lines otherwise) | bar | lines | none
+    benchmark_steps: int = not_training(20)  # run.mode=benchmark: timed train steps on random in-memory batches
+    # rank 0 writes TensorBoard scalars into the run directory (tensorboard --logdir outputs)
+    tensorboard: bool = not_training(True)
+    # a run that ends short of the target exits 0, not NOT_CONVERGED (3)
+    allow_not_converged: bool = not_training(False)
 
 
 @dataclass
 class Config:
-    model: ModelConfig = field(default_factory=ModelConfig)
-    data: DataConfig = field(default_factory=DataConfig)
-    optim: OptimConfig = field(default_factory=OptimConfig)
-    precision: PrecisionConfig = field(default_factory=PrecisionConfig)
-    device: DeviceConfig = field(default_factory=NativeConfig)  # the host's CPU, as configs/device/cpu.yaml
-    dist: DistConfig = field(default_factory=DistConfig)
-    mlperf: MlperfConfig = field(default_factory=MlperfConfig)
-    run: RunConfig = field(default_factory=RunConfig)
+    model: ModelConfig = training_section(ModelConfig)
+    data: DataConfig = training_section(DataConfig)
+    optim: OptimConfig = training_section(OptimConfig)
+    precision: PrecisionConfig = training_section(PrecisionConfig)
+    device: DeviceConfig = not_training_section(NativeConfig)  # the host's CPU, as configs/device/cpu.yaml
+    dist: DistConfig = training_section(DistConfig)
+    mlperf: MlperfConfig = not_training_section(MlperfConfig)
+    run: RunConfig = training_section(RunConfig)
 
 
 def register() -> None:
@@ -186,28 +193,9 @@ def _validate_run(run: RunConfig) -> None:
 def training_fingerprint(cfg: Config, world_size: int) -> dict[str, object]:
     """The settings a checkpoint must share with the run that resumes it, as dotted keys, and the world size.
 
-    Everything that changes the arithmetic of training is in; where it runs and how fast (device, loader
-    workers, evaluation batch, progress display, data path) is out.
+    Each field of the config says whether it changes the arithmetic of training (configs/fingerprint.py): the
+    model, optim, precision and dist sections, the data keys that shape the images and the batch (the synthetic
+    set's where the run trains on it), the seed and the epoch budget are in; where it runs and how fast (device,
+    loader workers, evaluation batch, progress display, data path) and what the MLPerf log says are out.
     """
-    sections: dict[str, DataclassInstance] = {
-        "model": cfg.model,
-        "optim": cfg.optim,
-        "precision": cfg.precision,
-        "dist": cfg.dist,
-    }
-    flat: dict[str, object] = {
-        f"{name}.{key}": value for name, section in sections.items() for key, value in asdict(section).items()
-    }
-    data = cfg.data
-    flat |= {
-        "data.name": data.name,
-        "data.image_size": data.image_size,
-        "data.eval_resize": data.eval_resize,
-        "data.crop_area_min": data.crop_area_min,
-        "data.global_batch": data.global_batch,
-        "run.seed": cfg.run.seed,
-        "run.max_epochs": cfg.run.max_epochs,
-    }
-    if data.name == "synthetic":
-        flat |= {f"data.synthetic.{k}": v for k, v in asdict(data.synthetic).items()}
-    return flat | {"world_size": world_size}
+    return fingerprint(cfg) | {"world_size": world_size}

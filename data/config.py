@@ -4,10 +4,11 @@ imports none of them."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from configs.checks import one_of, positive, require
+from configs.fingerprint import not_training, training, training_section
 
 DATASETS = ("synthetic", "imagenet")
 FORMATS = ("files", "shards")  # a folder tree in any known layout, or indexed tar shards
@@ -20,46 +21,50 @@ MAX_SKIPPED = 100
 # data.decode: the fused decoder in the workers (cpu), the training device (gpu), a share of each batch on each
 # (hybrid), or the faster mix as measured at start-up on this machine (auto)
 DECODERS = ("auto", "cpu", "gpu", "hybrid")
-MAX_CLASSES = 8 * 8 * 4  # the synthetic generator's shapes x hues x textures (data/synthetic.py; a test checks)
+MAX_CLASSES = 8 * 8 * 4  # the synthetic generator's shapes x hues x textures (data/sources/synthetic.py; a test checks)
 
 
 @dataclass
 class SyntheticConfig:
-    """The embedded synthetic set, as data/synthetic.py generates it (the cache folder's name hashes these)."""
+    """The embedded synthetic set, as data/sources/synthetic.py generates it (the cache folder's name hashes these)."""
 
-    classes: int = 10
-    train_per_class: int = 100
-    val_per_class: int = 50
-    seed: int = 0
+    classes: int = training(10)
+    train_per_class: int = training(100)
+    val_per_class: int = training(50)
+    seed: int = training(0)
 
 
 @dataclass
 class DataConfig:
-    name: str = "synthetic"  # synthetic | imagenet
-    root: str | None = None  # None: the synthetic set's cache directory
+    name: str = training("synthetic")  # synthetic | imagenet
+    root: str | None = not_training(None)  # None: the synthetic set's cache directory
     # files: a folder tree (torchvision's, Kaggle's or image-net.org's layout, recognised from what is there) |
     # shards: indexed tar shards written by `python -m data.shards` (root: their folder; synthetic: packed on first use)
-    format: str = "files"
-    image_size: int = 224  # training and evaluation crop, pixels
-    eval_resize: int = 256  # evaluation resizes the short side to this, then centre-crops image_size
-    crop_area_min: float = 0.08  # random-resized crop: smallest fraction of the image area
-    global_batch: int = 256
-    eval_batch: int = 256
-    workers: int | None = None  # loader processes per rank; 0 loads in the training process; null: this rank's
-    # share of the machine's cores, less one for the training process (data.loader.workers_for_cores)
-    corrupt: str = "skip"  # skip: replace an unreadable or corrupt file by another sample, report it once | fail
-    max_skipped: int = MAX_SKIPPED  # corrupt=skip: stop the run when a rank's loader skips more distinct files
-    max_pixels: int = 178_956_970  # refuse an image whose header claims more pixels (Pillow's bomb limit)
-    cache_bytes: bool = False  # keep every file's bytes in memory (read once, shared by the workers)
+    format: str = not_training("files")
+    image_size: int = training(224)  # training and evaluation crop, pixels
+    eval_resize: int = training(256)  # evaluation resizes the short side to this, then centre-crops image_size
+    crop_area_min: float = training(0.08)  # random-resized crop: smallest fraction of the image area
+    global_batch: int = training(256)
+    eval_batch: int = not_training(256)
+    # loader processes per rank; 0 loads in the training process; null: this rank's share of the machine's cores,
+    # less one for the training process (data.loading.loader.workers_for_cores)
+    workers: int | None = not_training(None)
+    # skip: replace an unreadable or corrupt file by another sample, report it once | fail
+    corrupt: str = not_training("skip")
+    # corrupt=skip: stop the run when a rank's loader skips more distinct files
+    max_skipped: int = not_training(MAX_SKIPPED)
+    max_pixels: int = not_training(178_956_970)  # refuse an image whose header claims more pixels (Pillow's bomb limit)
+    cache_bytes: bool = not_training(False)  # keep every file's bytes in memory (read once, shared by the workers)
     # cpu: the fused decoder in the workers | gpu: the workers read the bytes and draw the crops, the training
     # device decodes (nvJPEG on CUDA; on device=cpu the training process, which is how the tests run it), but for
     # files its fast path does not take (progressive, CMYK, not JPEG), which the workers decode | hybrid: the
     # device decodes data.device_share of each batch, the workers the rest | auto: on CUDA, both decoders timed
     # for a few seconds in MLPerf's init phase, and the mix that feeds most chosen (one line says which and why);
     # on other devices, cpu (the training process is the device: decoding there would slow its step)
-    decode: str = "auto"
-    device_share: float = 0.65  # data.decode=hybrid: DALI's default share for its hardware decoder (hw_decoder_load)
-    synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
+    decode: str = not_training("auto")
+    # data.decode=hybrid: DALI's default share for its hardware decoder (hw_decoder_load)
+    device_share: float = not_training(0.65)
+    synthetic: SyntheticConfig = training_section(SyntheticConfig, chosen_by="name")
 
 
 def validate(data: DataConfig, reads_files: bool = True) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from configs.checks import one_of, positive, require
+from configs.fingerprint import training
 
 OPTIMIZERS = ("lars", "sgd")
 COMPUTE_DTYPES = ("fp32", "bf16", "fp16")  # names of optim.precision.DTYPES
@@ -16,32 +17,32 @@ EMULATE = ("auto", "always", "never")
 
 @dataclass
 class OptimConfig:
-    name: str = "lars"  # lars | sgd
-    base_lr: float = 4.0  # LARS at the embedded run's batch of 64
-    momentum: float = 0.9
-    weight_decay: float = 5e-5
-    eta: float = 0.001  # LARS trust coefficient
-    warmup_epochs: float = 2.0
-    decay_epochs: float | None = None  # None: from the end of warm-up to run.max_epochs
-    end_lr: float = 1e-4
-    poly_power: float = 2.0
-    label_smoothing: float = 0.1
+    name: str = training("lars")  # lars | sgd
+    base_lr: float = training(4.0)  # LARS at the embedded run's batch of 64
+    momentum: float = training(0.9)
+    weight_decay: float = training(5e-5)
+    eta: float = training(0.001)  # LARS trust coefficient
+    warmup_epochs: float = training(2.0)
+    decay_epochs: float | None = training(None)  # None: from the end of warm-up to run.max_epochs
+    end_lr: float = training(1e-4)
+    poly_power: float = training(2.0)
+    label_smoothing: float = training(0.1)
 
 
 @dataclass
 class PrecisionConfig:
     """The precision config group (configs/precision/<name>.yaml), as the schema composes it."""
 
-    name: str = "fp32"  # the policy's name in logs and tables
-    compute: str = "fp32"  # activations and compute copies of the weights: one of COMPUTE_DTYPES
-    master: str = "fp32"  # the weights the optimizer updates: fp32, or the compute dtype (16-bit masters)
-    stochastic_rounding: bool = True  # how 16-bit masters are rounded after an update (false: to nearest)
-    loss_scaling: str = "none"  # one of LOSS_SCALING
-    init_scale: float = 2.0**15
-    growth_interval: int = 2000  # dynamic: good updates before the scale doubles
+    name: str = training("fp32")  # the policy's name in logs and tables
+    compute: str = training("fp32")  # activations and compute copies of the weights: one of COMPUTE_DTYPES
+    master: str = training("fp32")  # the weights the optimizer updates: fp32, or the compute dtype (16-bit masters)
+    stochastic_rounding: bool = training(True)  # how 16-bit masters are rounded after an update (false: to nearest)
+    loss_scaling: str = training("none")  # one of LOSS_SCALING
+    init_scale: float = training(2.0**15)
+    growth_interval: int = training(2000)  # dynamic: good updates before the scale doubles
     # 16-bit compute in fp32 arithmetic rounded per layer: auto (fp16 on the CPU, bf16 on a CPU without native
     # bf16) | always | never
-    emulate: str = "auto"
+    emulate: str = training("auto")
 
 
 def validate_optim(optim: OptimConfig, max_epochs: int) -> None:

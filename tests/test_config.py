@@ -5,6 +5,7 @@ configs.errors.describe); two runs of train.py check the line and the exit statu
 composing and for one the schema finds."""
 
 import dataclasses
+import operator
 import subprocess
 import sys
 from pathlib import Path
@@ -13,10 +14,13 @@ import pytest
 import yaml
 
 from configs.checks import ConfigError
-from configs.schema import Config, validate
+from configs.fingerprint import UnmarkedField
+from configs.schema import Config, training_fingerprint, validate
+from data.config import DataConfig, SyntheticConfig
 from data.sources.split import DatasetError
 from data.sources.synthetic import CACHE_ENV
-from tests.conftest import REPO, config_error, configured_dataset, run_train
+from optim.config import OptimConfig
+from tests.conftest import REPO, composed, config_error, configured_dataset, run_train
 
 
 @pytest.mark.parametrize(
@@ -179,6 +183,7 @@ def test_the_schema_composes_config_modules_and_imports_no_implementation():
         "configs.device.ipu",
         "configs.device.native",
         "configs.device.sections",
+        "configs.fingerprint",
         "configs.schema",
         "configs.shape",
         "data.config",
@@ -227,3 +232,61 @@ def test_each_default_is_given_once_by_the_schema_and_no_option_restates_it(grou
         assert restated == {}, f"{path.name} gives the schema's defaults again"
         if path.stem == chosen[group]:
             assert values == {}, f"{path.name} is {group}'s default option: the schema gives its values"
+
+
+# The fingerprint's keys as configs/schema.py listed them by hand before each field said whether it changes
+# training: the checkpoints written since hold these, so the walk over the marks must give the same.
+FINGERPRINT_KEYS = (
+    *("model.zero_init_residual", "model.bn_momentum", "model.bn_eps"),
+    *("optim.name", "optim.base_lr", "optim.momentum", "optim.weight_decay", "optim.eta", "optim.warmup_epochs"),
+    *("optim.decay_epochs", "optim.end_lr", "optim.poly_power", "optim.label_smoothing"),
+    *("precision.name", "precision.compute", "precision.master", "precision.stochastic_rounding"),
+    *("precision.loss_scaling", "precision.init_scale", "precision.growth_interval", "precision.emulate"),
+    *("dist.grad_accum", "dist.bn_group_size", "dist.bucket_mb", "dist.overlap", "dist.timeout_s"),
+    *("data.name", "data.image_size", "data.eval_resize", "data.crop_area_min", "data.global_batch"),
+    *("run.seed", "run.max_epochs"),
+)
+SYNTHETIC_KEYS = tuple(f"data.synthetic.{key}" for key in ("classes", "train_per_class", "val_per_class", "seed"))
+
+
+@pytest.mark.parametrize(
+    ("overrides", "keys"),
+    [
+        ((), FINGERPRINT_KEYS + SYNTHETIC_KEYS),
+        (("experiment=smoke",), FINGERPRINT_KEYS + SYNTHETIC_KEYS),
+        (("data=imagenet", "optim=sgd", "precision=bf16"), FINGERPRINT_KEYS),  # the synthetic set's keys: not chosen
+    ],
+)
+def test_the_fingerprint_from_the_fields_marks_is_the_one_checkpoints_hold(overrides, keys, tmp_path):
+    cfg = composed(*overrides, f"data.root={tmp_path}", world_size=2)
+    expected = {key: operator.attrgetter(key)(cfg) for key in keys} | {"world_size": 2}
+    assert training_fingerprint(cfg, world_size=2) == expected
+
+
+def test_every_field_of_every_section_says_whether_it_changes_training():
+    """The walk enters every section that changes training, chosen or not (the synthetic set's on ImageNet too),
+    and refuses a field that says neither; the device and mlperf sections are out whole."""
+    for name in ("synthetic", "imagenet"):
+        training_fingerprint(Config(data=DataConfig(name=name)), world_size=1)
+
+
+def widened(section: type) -> type:
+    """`section` with one more field that does not say whether it changes training, as a developer might add it."""
+    return dataclasses.make_dataclass(
+        section.__name__, [("new_key", int, dataclasses.field(default=0))], bases=(section,)
+    )
+
+
+@pytest.mark.parametrize(
+    ("cfg", "key"),
+    [
+        (Config(optim=widened(OptimConfig)()), "optim.new_key"),
+        (Config(data=DataConfig(name="imagenet", synthetic=widened(SyntheticConfig)())), "data.synthetic.new_key"),
+        (Config(data=widened(DataConfig)()), "data.new_key"),
+    ],
+)
+def test_a_field_that_does_not_say_whether_it_changes_training_is_refused_by_name(cfg, key):
+    """Before, a new key that changed training and was not in the hand-kept list let a resumed run accept a
+    checkpoint trained differently, silently."""
+    with pytest.raises(UnmarkedField, match=rf"^{key}: say whether it changes training"):
+        training_fingerprint(cfg, world_size=1)
