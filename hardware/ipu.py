@@ -2,7 +2,7 @@
 
 The values live in configs/device/ (chip/<name>.yaml and one file per system), with their sources; these
 dataclasses are their typed shape (no defaults: a figure comes from the data or nowhere), shared by the device
-section (backends/config.py), the simulator (backends/ipu_sim/) and the models that time it (projection/ipu/). Rates
+section (configs/device/ipu.py), the simulator (backends/ipu_sim/) and the models that time it (projection/ipu/). Rates
 are per second, sizes in bytes.
 """
 
