@@ -1,15 +1,28 @@
 """How a run ends: its log's run_stop and what it leaves (the plot, the final weights or the checkpoint that resumes
-it, the line that says how), and the exit status of train.py's process, one for each way a run can end:
+it, the line that says how), and the exit status of train.py's process. `ENDINGS` below is the table of the ways a
+run ends, each with its status, its line and whether its checkpoint resumes it; this table, README.md's and
+docs/running.md's say what it says (tests/test_ending.py):
 
-| exit status | the run |
-|---|---|
-| 0 | reached the target (or ended short of it with run.allow_not_converged=true) |
-| 1 | a sweep (-m) none of whose trials reached the target |
-| 2 | was refused: a mistake in the config, the data, a checkpoint, the launch or the run directory, told in one line |
-| 3 | ended short of the target (`NotConverged`): its epochs spent, or its loss not finite |
-| 4 | lost a rank (distributed.PeerLost): its checkpoint resumes it |
-| 5 | could not write its run directory (rundir.StorageError): its last checkpoint resumes it |
-| 128 + n | was stopped by signal n (stopsignals): its checkpoint resumes it |
+| exit status | the run | its checkpoint resumes it |
+|---|---|---|
+| 0 | reached the target | no |
+| 1 | a bug (with its traceback) | no |
+| 1 | a sweep none of whose runs reached the target | no |
+| 2 | was refused | no |
+| 3 | ended short of the target | no |
+| 4 | lost a rank | yes |
+| 5 | could not write its run directory | yes |
+| 128 + N | stopped by signal N | yes |
+
+A refusal is a mistake in the config, the data, a checkpoint, the launch or the run directory (`USER_ERRORS`), told
+in one line. A run ends short of the target (`NotConverged`) with its epochs spent or its loss not finite; with
+run.allow_not_converged=true it exits 0. A checkpoint resumes a run where it has one: a run stopped before its loop
+has none and nothing to resume.
+
+The rooms below this one raise their ending (distributed.PeerLost, rundir.StorageError, stopsignals.StopRequested)
+and the table gives its status. Two of them need the number themselves, so it is defined there once and the table
+reads it: the SLURM launcher exits with PeerLost's status as it requeues the job, and a stop signal ends the process
+with 128 + its number (stopsignals.STATUS_BASE) before this module is even imported.
 
 In a sweep, a job's error goes to its sweeper instead (train.py): Optuna's marks the trial failed and goes on, the
 SLURM launcher requeues a job that lost a rank.
@@ -19,10 +32,9 @@ from __future__ import annotations
 
 import contextlib
 import sys
-import traceback
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
-from types import CodeType
 from typing import NoReturn
 
 from hydra.errors import HydraException
@@ -30,6 +42,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 import distributed
 import rundir
+import stopsignals
 from checkpoint import CheckpointError
 from configs.checks import ConfigError
 from configs.errors import describe
@@ -43,8 +56,6 @@ from starting import Run
 from stopsignals import StopRequested
 
 USER_ERRORS = (ConfigError, DatasetError, CheckpointError, LaunchError, HydraException, OmegaConfBaseException)
-NOT_CONVERGED = 3
-STORAGE_FAILED = 5
 NO_TRIAL_COMPLETED = "No trials are completed yet."  # optuna's study.best_trial, when every trial failed
 
 
@@ -53,58 +64,109 @@ class NotConverged(Exception):
 
     def __init__(self, target: float) -> None:
         super().__init__(
-            f"the run ended short of the target top-1 {target} (exit status {NOT_CONVERGED}; "
+            f"the run ended short of the target top-1 {target} (exit status {NOT_CONVERGED.status}; "
             "run.allow_not_converged=true exits 0)"
         )
 
 
-ENDINGS = (*USER_ERRORS, NotConverged, StorageError, PeerLost)  # what `leave` turns into an exit status
+@dataclass(frozen=True)
+class Ending:
+    """One way a run ends."""
+
+    status: int  # train.py's exit status; a stop's is this plus the signal's number (`by_signal`)
+    means: str  # what the run did, in the words of the table above, README.md and docs/running.md
+    line: str  # what it prints to say so; `{err}` is the error's one line (configs.errors.describe)
+    resumes: bool  # whether its checkpoint, where it has one, continues the run (resume.sh)
+    raised_as: tuple[type[BaseException], ...] = ()  # the errors that end a run this way
+    by_signal: bool = False
+
+
+REACHED = Ending(0, "reached the target", "run_stop status success: ...", resumes=False)
+BUG = Ending(1, "a bug (with its traceback)", "Traceback (most recent call last): ...", resumes=False)
+NO_BEST_TRIAL = Ending(
+    1,
+    "a sweep none of whose runs reached the target",
+    "error: no trial of the sweep reached the target, so there is no best one",
+    resumes=False,
+)
+REFUSED = Ending(2, "was refused", "error: {err}", resumes=False, raised_as=USER_ERRORS)
+NOT_CONVERGED = Ending(3, "ended short of the target", "not converged: {err}", resumes=False, raised_as=(NotConverged,))
+LOST_RANK = Ending(PeerLost.exit_status, "lost a rank", "error: {err}", resumes=True, raised_as=(PeerLost,))
+STORAGE_FAILED = Ending(
+    5, "could not write its run directory", "error: {err}; {resume}", resumes=True, raised_as=(StorageError,)
+)
+STOPPED = Ending(
+    stopsignals.STATUS_BASE,
+    "stopped by signal N",
+    "{err} at {where}: checkpoint written, log ended (run_stop aborted)",
+    resumes=True,
+    raised_as=(StopRequested,),
+    by_signal=True,
+)
+ENDINGS = (REACHED, BUG, NO_BEST_TRIAL, REFUSED, NOT_CONVERGED, LOST_RANK, STORAGE_FAILED, STOPPED)
+ERRORS = (*USER_ERRORS, NotConverged, StorageError, PeerLost)  # what `leave` turns into an exit status
+
+_raised_in_the_run: BaseException | None = None  # what the run of this job raised (`raised_in_the_run`)
+
+
+def ending_of(err: BaseException) -> Ending:
+    """The ending of a run that `err` ended: the first whose errors it is one of, else a bug."""
+    return next((ending for ending in ENDINGS if isinstance(err, ending.raised_as)), BUG)
 
 
 def leave(err: BaseException, output_dir: Path) -> NoReturn:
-    """Exit as the table above says for a run that ended with `err`, saying what the lines before have not; a run
-    refused before it started leaves no folder of its own in `output_dir`."""
-    if isinstance(err, NotConverged):  # the summary above says how far it got
-        if distributed.from_environment().is_main:
-            print(f"not converged: {err}", file=sys.stderr)
-        sys.exit(NOT_CONVERGED)
-    if isinstance(err, StorageError):  # rank 0 said which write failed and how the run goes on
-        sys.exit(STORAGE_FAILED)
-    if isinstance(err, PeerLost):  # the log ended; rank 0 said how to resume
-        print(f"error: {err}", file=sys.stderr)
-        sys.exit(err.exit_status)
-    forget_refused_run(output_dir)
-    exit_in_one_line(err)
+    """Exit as the table of endings says for a run that ended with `err` (one of ERRORS), saying what the lines
+    before have not; a run refused before it started leaves no folder of its own in `output_dir`."""
+    ending = ending_of(err)
+    if ending is REFUSED:
+        forget_refused_run(output_dir)
+    if ending is STORAGE_FAILED:
+        sys.exit(ending.status)  # rank 0 said which write failed and how the run goes on
+    if ending is NOT_CONVERGED and not distributed.from_environment().is_main:
+        sys.exit(ending.status)  # rank 0 says it, under its summary
+    exit_saying(ending, err)
 
 
-def leave_before_the_run(err: BaseException, run_code: CodeType) -> None:
-    """Exit for an error raised around the run (`run_code`), not in it: a mistake in the overrides, a run directory
-    Hydra could not make (2), a sweep with no best trial (1). Any other error returns, to be raised on."""
+def exit_saying(ending: Ending, err: BaseException) -> NoReturn:
+    """The ending's line, with `err` told in one line, and its exit status. For a mistake of the user's that line
+    names it and says what to do (raised on, it would get a line of Hydra's own before it)."""
+    print(ending.line.format(err=describe(err)), file=sys.stderr)
+    sys.exit(ending.status)
+
+
+@contextlib.contextmanager
+def raised_in_the_run() -> Iterator[None]:
+    """Around the run of a job (train.run): the error it raises is kept as the run's, so that an OSError raised
+    around it, by Hydra's making of the run directory before the run, is told from one of the run's own
+    (`hydras_failed_write`). Only this job's is kept: a sweep's earlier jobs' go, with what their tracebacks hold."""
+    global _raised_in_the_run
+    _raised_in_the_run = None
+    try:
+        yield
+    except BaseException as err:
+        _raised_in_the_run = err
+        raise
+
+
+def leave_before_the_run(err: BaseException) -> None:
+    """Exit for an error raised around the run, not in it: a mistake in the overrides, a run directory Hydra could
+    not make (REFUSED), a sweep with no best trial (NO_BEST_TRIAL). Any other error returns, to be raised on."""
     if isinstance(err, USER_ERRORS):
-        exit_in_one_line(err)
-    if unwritable := hydras_failed_write(err, run_code):
-        exit_in_one_line(ConfigError("hydra.run.dir", str(StorageError.of(Path(unwritable.filename), unwritable))))
+        exit_saying(REFUSED, err)
+    if unwritable := hydras_failed_write(err):
+        exit_saying(REFUSED, ConfigError("hydra.run.dir", str(StorageError.of(Path(unwritable.filename), unwritable))))
     if str(err) == NO_TRIAL_COMPLETED:
-        print("error: no trial of the sweep reached the target, so there is no best one", file=sys.stderr)
-        sys.exit(1)
+        exit_saying(NO_BEST_TRIAL, err)
 
 
-def exit_in_one_line(err: BaseException) -> NoReturn:
-    """A mistake of the user's: one line that names it and says what to do, and exit status 2 (raised on, it would
-    get a line of Hydra's own before it)."""
-    print(f"error: {describe(err)}", file=sys.stderr)
-    sys.exit(2)
-
-
-def hydras_failed_write(err: BaseException, run_code: CodeType) -> OSError | None:
+def hydras_failed_write(err: BaseException) -> OSError | None:
     """The OSError of Hydra's making or writing of the run directory as a job starts (its folder, .hydra/, the
-    train.log its logging opens: logging.config wraps that one in a ValueError), which comes before the run
-    (`run_code`) does; None for any other error."""
+    train.log its logging opens: logging.config wraps that one in a ValueError), which comes before the run does;
+    None for any other error, and for one the run raised (`raised_in_the_run`)."""
     failed = err if isinstance(err, OSError) else err.__cause__
-    if not isinstance(failed, OSError) or not failed.filename:
+    if not isinstance(failed, OSError) or not failed.filename or err is _raised_in_the_run:
         return None
-    raised_in_run = any(frame.f_code is run_code for frame, _ in traceback.walk_tb(err.__traceback__))
-    return None if raised_in_run else failed
+    return failed
 
 
 def forget_refused_run(directory: Path) -> None:
@@ -173,9 +235,7 @@ def end_stopped(run: Run, err: BaseException) -> None:
         plot_so_far(run)  # a stopped or failed run's epochs so far
     if isinstance(err, StopRequested):
         if main:
-            run.checkpoints.tell_how_to_resume(
-                f"{err} at {run.where()}: checkpoint written, log ended (run_stop aborted)"
-            )
+            run.checkpoints.tell_how_to_resume(STOPPED.line.format(err=err, where=run.where()))
         distributed.barrier()  # rank 0's checkpoint and log are whole before any rank exits
     elif isinstance(err, StorageError) and main:
         say_storage_failed(run, err, "" if log_ended else "; the log could not take its run_stop")
@@ -191,7 +251,7 @@ def end_stopped(run: Run, err: BaseException) -> None:
 
 
 def say_storage_failed(run: Run, err: StorageError, unended: str = "") -> None:
-    say(f"error: {err}{unended}; {run.checkpoints.after_a_failed_write()}", error=True)
+    say(STORAGE_FAILED.line.format(err=f"{err}{unended}", resume=run.checkpoints.after_a_failed_write()), error=True)
 
 
 def finish(run: Run, status: str, accuracy: float | None) -> tuple[str, float]:

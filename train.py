@@ -88,8 +88,9 @@ def main(raw: DictConfig) -> float | None:
     """One run; returns what a sweeper (-m) minimises: the time-to-train in minutes, None without one."""
     job = Job.of(HydraConfig.get())
     try:
-        return run(raw, job)
-    except ending.ENDINGS as err:
+        with ending.raised_in_the_run():  # what run raises is its own, not Hydra's (ending.hydras_failed_write)
+            return run(raw, job)
+    except ending.ERRORS as err:
         if job.sweep:
             raise  # its sweeper decides: Optuna's marks the trial failed, the SLURM launcher requeues a lost rank's job
         ending.leave(err, job.output_dir)
@@ -292,5 +293,5 @@ if __name__ == "__main__":
             sys.argv += distributed.QUIET_HYDRA
         main()
     except (*ending.USER_ERRORS, OSError, ValueError) as err:  # the overrides, Hydra's run directory, a sweep's end
-        ending.leave_before_the_run(err, run.__code__)
+        ending.leave_before_the_run(err)
         raise

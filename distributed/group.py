@@ -32,7 +32,9 @@ BEAT_S = 0.5
 class PeerLost(RuntimeError):
     """Another rank died, hung or was stopped; the run cannot go on."""
 
-    exit_status = 4  # what train.py exits with; a batch script requeues the job on it (examples/slurm)
+    # train.py's exit status for it, defined here for the SLURM launcher below ending.py, which exits with it as it
+    # requeues the job (ending.py's table reads it); a batch script requeues on it too (examples/slurm)
+    exit_status = 4
 
 
 class _Heartbeat:

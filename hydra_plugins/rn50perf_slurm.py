@@ -139,7 +139,7 @@ class SlurmLauncher(SubmititSlurmLauncher):
         except StopRequested as stop:  # checkpointed and its log ended, or not started: the requeued job goes on
             if stop.signum == signal.SIGUSR1 and is_main:
                 requeue_this_job()
-            raise SystemExit(stop.exit_status) from None
+            raise SystemExit(stop.code) from None
         if result.status == JobStatus.FAILED:
             try:
                 _ = result.return_value  # raises what the run raised

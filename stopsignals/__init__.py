@@ -22,6 +22,7 @@ from contextlib import contextmanager
 from typing import Any
 
 SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
+STATUS_BASE = 128  # a process a signal ended exits with 128 + its number, as shells say (ending.py's table reads it)
 
 _received = 0  # the first stop signal this process received, 0 for none
 _owner = 0  # the process that installed the handlers: forked children inherit them
@@ -34,15 +35,11 @@ class StopRequested(SystemExit):
     on its way up swallows it, and where nothing catches it Python exits with that status and no traceback."""
 
     def __init__(self, signum: int) -> None:
-        super().__init__(128 + signum)
+        super().__init__(STATUS_BASE + signum)
         self.signum = signum
 
     def __str__(self) -> str:
         return f"stopped by {signal.Signals(self.signum).name}"
-
-    @property
-    def exit_status(self) -> int:
-        return 128 + self.signum
 
 
 def catch(at_once: bool = True) -> None:
@@ -82,7 +79,7 @@ def _note(signum: int, frame: Any) -> None:
         os.kill(os.getpid(), signum)
         return
     if _received and signum == signal.SIGINT:
-        os._exit(128 + signum)  # a second Ctrl-C: at once
+        os._exit(STATUS_BASE + signum)  # a second Ctrl-C: at once
     if _received:
         return
     _received = signum

@@ -153,7 +153,7 @@ def _one_rank_signalled(rank: int) -> tuple[int | None, int | None]:
             while not stopsignals.received():  # noted by its handler, for the next step boundary
                 time.sleep(0.01)
         after = agreed_stop()
-    return (before and before.exit_status), (after and after.exit_status)
+    return (before and before.code), (after and after.code)
 
 
 def _on_each_rank(rank: int, world_size: int) -> dict[str, object]:
