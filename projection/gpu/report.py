@@ -113,8 +113,8 @@ def breakdown(projection: Projection, layout: Layout, epochs: Epochs) -> str:
     lines += [
         f"throughput {projection.throughput_img_s:,.0f} img/s ({bound}; MLPerf's: a steady block of epochs and its"
         " evaluation)",
-        f"epoch {projection.epoch_s:.2f} s; evaluation {projection.eval_s:.3f} s, {projection.evaluations} of them"
-        f" in {epochs.count} epochs",
+        f"epoch {projection.epoch_s:.2f} s; evaluation {projection.evaluation_s:.3f} s,"
+        f" {projection.evaluations} of them in {epochs.count} epochs",
         f"time to train ({epochs.said()}) {projection.time_to_train_min:.3f} min",
     ]
     return "\n".join(lines)
