@@ -15,7 +15,7 @@ Leave-one-out: each in-sample system projected from a fit to the other two, its 
 would have been given. Two systems leave one constant unidentified, held at a prior from the hardware (PRIORS):
 without POD128 the gateway's efficiency; without POD16 or POD64 the update overhead (one run within a POD64 cannot
 split it from the per-micro-batch cost), the efficiency then from the one left and the gateway from POD128. The three
-errors size every IPU projection's ranges (evidence(): a Student t prediction interval holding COVERAGE).
+errors size every IPU projection's ranges (the evidence: a Student t prediction interval holding COVERAGE).
 
     python -m projection.ipu.calibrate             # the fit, the in-sample residuals, leave-one-out, one JSON line
     python -m projection.ipu.calibrate --scaling   # 16 to 256 IPUs of both chips, each term's share
