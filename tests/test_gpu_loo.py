@@ -17,13 +17,13 @@ from projection.uncertainty import interval, prediction_half_width
 
 @pytest.fixture(scope="module")
 def left_out():
-    return calibrate.leave_one_out()
+    return calibrate.CALIBRATION.left_out
 
 
 def test_every_in_sample_system_lies_in_the_range_a_fit_on_the_other_four_gives_it(left_out):
     assert [result.published for result in left_out] == list(IN_SAMPLE)
     for result in left_out:
-        spread, published = calibrate.left_out_range(result, left_out), result.published
+        spread, published = calibrate.CALIBRATION.left_out_range(result), result.published
         low, high = spread.throughput_img_s
         assert low <= published.throughput_img_s <= high, published.system
         fastest, slowest = spread.time_to_train_min
@@ -33,8 +33,8 @@ def test_every_in_sample_system_lies_in_the_range_a_fit_on_the_other_four_gives_
 def test_a_systems_own_error_does_not_size_its_own_range(left_out):
     for result in left_out:
         rest = [other for other in left_out if other is not result]
-        evidence = calibrate.left_out_range(result, left_out).evidence
-        assert evidence is not None and evidence.source.endswith(f"but {result.published.system}")
+        evidence = calibrate.CALIBRATION.left_out_range(result).evidence
+        assert evidence is not None and result.published.system not in evidence.source
         assert evidence.throughput == pytest.approx(prediction_half_width([r.throughput_error_pct for r in rest]))
         assert evidence.time_to_train == pytest.approx(prediction_half_width([r.time_to_train_error_pct for r in rest]))
 
@@ -47,15 +47,14 @@ def test_each_system_left_out_is_projected_within_10_percent(left_out):
 
 def test_a_left_out_systems_projection_is_not_its_in_sample_one(left_out):
     """Its own figures shaped none of the constants that project it."""
-    fit = calibrate.calibrated()
     for result in left_out:
-        own = calibrate.in_sample_interval(fit.profile, fit.clusters, result.published, fit.central, fit.refit)
+        own = calibrate.CALIBRATION.in_sample_interval(result.published)
         assert result.projection.throughput_img_s != pytest.approx(own.central.throughput_img_s, rel=1e-4)
 
 
 def test_the_evidence_is_the_five_leave_one_out_errors_once_per_process(left_out):
-    evidence = calibrate.evidence()
-    assert evidence is calibrate.evidence()
+    evidence = calibrate.CALIBRATION.evidence
+    assert evidence is calibrate.CALIBRATION.evidence
     assert 0 < evidence.throughput < 0.1 and 0 < evidence.time_to_train < 0.1
     assert evidence.throughput == pytest.approx(prediction_half_width([r.throughput_error_pct for r in left_out]))
     assert evidence.source == "leave-one-out over the five in-sample systems"
@@ -85,7 +84,7 @@ def test_the_wait_for_the_slowest_gpu_grows_as_the_log_of_the_gpus():
 def test_the_calibration_leaves_the_stragglers_size_to_its_range_which_widens_beyond_the_in_sample_scale():
     """Every corner refits the floor, so the in-sample 64 nodes barely move with step_jitter_s; 512 nodes of GPUs with
     16 images each move more."""
-    fit = calibrate.calibrated()
+    fit = calibrate.CALIBRATION
     cluster = calibrate.load_cluster("dgx_h100")
     only = {"step_jitter_s": calibrate.ASSUMPTIONS["step_jitter_s"]}
 
@@ -114,7 +113,7 @@ def test_an_evaluations_reductions_are_latency_that_grows_with_the_nodes():
 
 
 def test_gpus_that_meet_over_pcie_reduce_at_the_pcie_efficiency_and_nvlink_nodes_do_not():
-    fit = calibrate.calibrated()
+    fit = calibrate.CALIBRATION
     slower = dataclasses.replace(fit.central, pcie_efficiency=0.35)
     for device, moved in (("pcie_l40s", True), ("dgx_h100", False)):
         cluster = calibrate.load_cluster(device)

@@ -27,7 +27,7 @@ DEVICES = ("dgx_a100", "dgx_h100", "dgx_h200", "pcie_l40s")
 
 @pytest.fixture(scope="module")
 def fitted():
-    fit = calibrate.calibrated()
+    fit = calibrate.CALIBRATION
     return fit.profile, fit.clusters, fit.central, fit.refit
 
 
@@ -36,10 +36,9 @@ def step(fitted, device: str, layout: Layout) -> cost.StepTime:
     return cost.step_time(profile, calibrate.load_cluster(device), layout, central)[0]
 
 
-def test_every_in_sample_system_is_projected_within_3_percent_inside_its_range(fitted):
-    profile, clusters, central, refit = fitted
+def test_every_in_sample_system_is_projected_within_3_percent_inside_its_range():
     for published in IN_SAMPLE:
-        spread = calibrate.in_sample_interval(profile, clusters, published, central, refit)
+        spread = calibrate.CALIBRATION.in_sample_interval(published)
         projection = spread.central
         assert projection.throughput_img_s == pytest.approx(published.throughput_img_s, rel=0.03), published.system
         assert projection.time_to_train_min == pytest.approx(published.time_to_train_min, rel=0.03), published.system
@@ -48,10 +47,10 @@ def test_every_in_sample_system_is_projected_within_3_percent_inside_its_range(f
 
 
 def test_the_fitted_constants_are_physical_and_every_run_gpu_bound(fitted):
-    profile, clusters, central, refit = fitted
+    _, _, central, refit = fitted
     assert 0 < central.compute_efficiency <= 1 and 0 < central.traffic_fraction <= 1
     assert 0 < central.step_floor_s < 0.01 and central.eval_image_factor > 0 and central.eval_overhead_s >= 0
-    assert calibrate.device_bound(profile, clusters, central)
+    assert calibrate.CALIBRATION.device_bound(central)
     ranges = fitted_ranges(refit, central, calibrate.ASSUMPTIONS, calibrate.FITTED)
     low, high = ranges["compute_efficiency"]  # the assumptions the in-sample systems do not pin move the fit
     assert 0 < low < central.compute_efficiency < high <= 1

@@ -104,10 +104,11 @@ def test_logged_epochs_place_checkpoints_where_the_v1_1_logs_do(published):
     round trips cross the epoch before the checkpoint's iteration); the last epoch holds the leftover round trip;
     and as many checkpoints are written as the logs evaluate: 10 at POD16 and POD64, 11 at POD128."""
     constants, call_s = Constants(), 1.0
-    training = cost.training_loop(system(published.system), published.schedule, published.shape, call_s, constants)
+    run = calibrate.shape(published)
+    training = cost.training_loop(system(published.device), published.schedule, run, call_s, constants)
     epochs = training.epochs_s
     assert training.checkpoints == {"ipu_pod16": 10, "ipu_pod64": 10, "ipu_pod128": 11}[published.system]
-    steady = cost.host_calls_per_epoch(published.schedule, published.shape) * call_s
+    steady = cost.host_calls_per_epoch(published.schedule, run) * call_s
     assert len(epochs) == published.schedule.epochs
     slow = [n for n, seconds in enumerate(epochs, 1) if seconds >= steady + constants.checkpoint_s]
     first = published.schedule.first_eval + (1 if published.system == "ipu_pod64" else 0)
@@ -162,10 +163,9 @@ def test_an_unknown_round_is_refused_by_name():
 
 def test_per_epoch_costs_weigh_more_as_epochs_shorten():
     """A checkpoint costs the same seconds at any size, so its share of training grows as epochs shorten."""
-    systems = calibrate.in_sample_systems()
     shares = []
     for published in calibrate.IN_SAMPLE:
-        projection = calibrate.project_published(resnet50_profile(), systems[published.system], published, Constants())
+        projection = calibrate.CALIBRATION.project_published(published, Constants())
         shares.append(1 - published.schedule.epochs * projection.steady_epoch_s / projection.training_s)
     assert shares == sorted(shares) and shares[-1] > 3 * shares[0]
 
@@ -227,17 +227,16 @@ def test_more_ipus_than_the_system_has_are_refused():
 
 @pytest.mark.parametrize("published", calibrate.IN_SAMPLE, ids=lambda p: p.system)
 def test_the_fit_reproduces_every_in_sample_system_within_3_percent(published):
-    systems = calibrate.in_sample_systems()
-    constants = calibrate.fit(resnet50_profile(), systems, Constants())
+    constants = calibrate.CALIBRATION.fit(Constants(), calibrate.IN_SAMPLE)
     assert constants is not None
-    projection = calibrate.project_published(resnet50_profile(), systems[published.system], published, constants)
+    projection = calibrate.CALIBRATION.project_published(published, constants)
     assert projection.steady_epoch_s == pytest.approx(published.steady_epoch_s, rel=1e-6)  # what the fit matches
     assert projection.throughput_img_s == pytest.approx(published.throughput_img_s, rel=0.03)
     assert projection.time_to_train_min == pytest.approx(published.time_to_train_min, rel=0.03)
 
 
 def test_default_constants_are_the_calibrated_ones():
-    fitted = calibrate.fit(resnet50_profile(), calibrate.in_sample_systems(), Constants())
+    fitted = calibrate.CALIBRATION.fit(Constants(), calibrate.IN_SAMPLE)
     assert fitted is not None
     for name in calibrate.FITTED:
         assert getattr(Constants(), name) == pytest.approx(getattr(fitted, name), rel=1e-3), name

@@ -11,18 +11,14 @@ from projection.ipu import calibrate, cost
 from projection.ipu.assumptions import ASSUMPTIONS
 from projection.ipu.cost import Constants
 from projection.uncertainty import Assumption, column, corners, headline, report, widened
-from tests.systems import resnet50_profile, system
+from tests.systems import system
 
-refit = calibrate.refitter(resnet50_profile(), calibrate.in_sample_systems())
+refit = calibrate.CALIBRATION.refit
 
 
 def scaled(name: str, grad_accum: int = 2, assumptions=ASSUMPTIONS):
     """The interval of the recipe at `grad_accum` on every IPU of `name`, around the in-sample fit."""
-    central = refit(Constants())
-    assert central is not None
-    return calibrate.scaled(
-        resnet50_profile(), system(name), central, refit, grad_accum, epochs=41, assumptions=assumptions
-    )
+    return calibrate.scaled(system(name), grad_accum, epochs=41, assumptions=assumptions)
 
 
 def test_every_assumption_has_a_reason_and_a_range_around_its_central_value():
@@ -58,14 +54,13 @@ def test_the_interval_holds_the_central_projection_strictly_inside(name):
 
 def test_every_corner_the_in_sample_results_allow_keeps_their_steady_epochs():
     """The ranges come from the evidence: each corner is refitted, and one the results leave no fit for is out."""
-    systems = calibrate.in_sample_systems()
     fits = [refit(corner) for corner in corners(refit(Constants()), ASSUMPTIONS)]
     feasible = [fitted for fitted in fits if fitted is not None]
     assert 0 < len(feasible) <= len(fits)
     for fitted in feasible[:: max(1, len(feasible) // 8)]:
         assert 0 < fitted.compute_efficiency <= 1 and fitted.update_overhead_s >= 0 and fitted.eval_overhead_s >= 0
         for published in calibrate.IN_SAMPLE:
-            projection = calibrate.project_published(resnet50_profile(), systems[published.system], published, fitted)
+            projection = calibrate.CALIBRATION.project_published(published, fitted)
             assert projection.steady_epoch_s == pytest.approx(published.steady_epoch_s, rel=1e-6)
 
 
@@ -84,7 +79,7 @@ def test_the_headline_gives_the_answer_and_the_range_80_percent_of_results_shoul
     assumed = scaled("ipu_pod64", grad_accum=3)  # experiment=mlperf_pod64's layout
     rate = assumed.central.throughput_img_s  # the POD64's steady epochs fix it: no assumption moves it
     assert assumed.throughput_img_s == pytest.approx((rate, rate), rel=1e-12)
-    evidence = calibrate.evidence()
+    evidence = calibrate.CALIBRATION.evidence
     spread = widened(assumed, evidence)  # the model's error off its fit still widens it
     assert spread.throughput_img_s == pytest.approx(
         (rate * (1 - evidence.throughput), rate * (1 + evidence.throughput))
@@ -114,7 +109,7 @@ def test_a_tables_range_that_no_assumption_moves_reads_fixed_not_a_range_of_zero
 def test_the_update_programs_clock_share_widens_the_bow_and_moves_no_gc200():
     """update_overhead_s is fitted on GC200s, so its clock share is inert there and one fit serves both its ends; on
     the Bow's 1.85 GHz, all of it in cycles is 28 % less, and the range spans that."""
-    assert {s.chip.clock_hz for s in calibrate.in_sample_systems().values()} == {cost.FITTED_CLOCK_HZ}
+    assert {s.chip.clock_hz for s in calibrate.CALIBRATION.systems.values()} == {cost.FITTED_CLOCK_HZ}
     central = refit(Constants())
     assert central is not None
     ends = [dataclasses.replace(central, update_cycles_share=share) for share in (0.0, 1.0)]

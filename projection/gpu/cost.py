@@ -104,7 +104,7 @@ class StepTime:
 class Projection:
     throughput_img_s: float  # as MLPerf's logs give it: a steady block of epochs and its evaluation
     epoch_s: float  # a steady epoch
-    eval_s: float  # one steady evaluation
+    evaluation_s: float  # one steady evaluation
     evaluations: int
     time_to_train_min: float
     step: StepTime
@@ -314,7 +314,7 @@ def project(
     return Projection(
         throughput_img_s=schedule.eval_every * schedule.train_images / block,
         epoch_s=epoch,
-        eval_s=evaluation,
+        evaluation_s=evaluation,
         evaluations=evaluations,
         time_to_train_min=seconds / 60,
         step=step,

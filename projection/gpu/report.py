@@ -26,7 +26,7 @@ def projection_report(
 ) -> str:
     """The whole report for `layout` on `cluster` (with a GPU `check`, its measured step, and what rn50perf's own
     loader fed train.py on that machine); its last line is the JSON."""
-    fit = calibrate.calibrated()
+    fit = calibrate.CALIBRATION
     measured = None if check is None else check.step
 
     def at(constants: Constants, run: Schedule = schedule) -> Projection:
@@ -36,9 +36,8 @@ def projection_report(
         """The time to train of a run that stops at epoch `stop`."""
         return at(fit.central, dataclasses.replace(schedule, epochs=stop)).time_to_train_min
 
-    spread = uncertainty.interval(at, fit.refit, fit.central, calibrate.ASSUMPTIONS)
-    scored = convergence.scored(spread, epochs.stops, minutes, epochs.fixed)
-    spread = uncertainty.widened(scored, calibrate.evidence())
+    scored = convergence.scored(fit.ranges(at), epochs.stops, minutes, epochs.fixed)
+    spread = uncertainty.widened(scored, fit.evidence)
     beyond = beyond_calibration(cluster, layout, spread.central, measured)
     return "\n".join(
         [
@@ -113,8 +112,8 @@ def breakdown(projection: Projection, layout: Layout, epochs: Epochs) -> str:
     lines += [
         f"throughput {projection.throughput_img_s:,.0f} img/s ({bound}; MLPerf's: a steady block of epochs and its"
         " evaluation)",
-        f"epoch {projection.epoch_s:.2f} s; evaluation {projection.eval_s:.3f} s, {projection.evaluations} of them"
-        f" in {epochs.count} epochs",
+        f"epoch {projection.epoch_s:.2f} s; evaluation {projection.evaluation_s:.3f} s,"
+        f" {projection.evaluations} of them in {epochs.count} epochs",
         f"time to train ({epochs.said()}) {projection.time_to_train_min:.3f} min",
     ]
     return "\n".join(lines)
@@ -126,7 +125,7 @@ def beyond_calibration(
     """Where the run reaches beyond the in-sample systems (DGX A100 and H100, 1 to 64 nodes of 8 GPUs, 40 to 408
     images per GPU); nothing is widened for it beyond the ranges."""
     published = calibrate.IN_SAMPLE
-    gpus = sorted({cluster.gpu.name for cluster in calibrate.calibrated().clusters.values()})
+    gpus = sorted({cluster.gpu.name for cluster in calibrate.CALIBRATION.clusters.values()})
     most_nodes = max(p.layout.nodes for p in published)
     beyond = []
     if cluster.gpu.name not in gpus and measured is None:

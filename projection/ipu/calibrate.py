@@ -15,7 +15,7 @@ Leave-one-out: each in-sample system projected from a fit to the other two, its 
 would have been given. Two systems leave one constant unidentified, held at a prior from the hardware (PRIORS):
 without POD128 the gateway's efficiency; without POD16 or POD64 the update overhead (one run within a POD64 cannot
 split it from the per-micro-batch cost), the efficiency then from the one left and the gateway from POD128. The three
-errors size every IPU projection's ranges (evidence(): a Student t prediction interval holding COVERAGE).
+errors size every IPU projection's ranges (the evidence: a Student t prediction interval holding COVERAGE).
 
     python -m projection.ipu.calibrate             # the fit, the in-sample residuals, leave-one-out, one JSON line
     python -m projection.ipu.calibrate --scaling   # 16 to 256 IPUs of both chips, each term's share
@@ -29,12 +29,13 @@ import json
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from functools import cache, partial
+from functools import cache, cached_property
 
 from configs.device.ipu import IpuSimConfig
 from hardware.ipu import System
 from models import batchnorm, build_resnet50
-from projection.calibration import compared, constants_table, device_section, error, print_table_end
+from projection import calibration
+from projection.calibration import Columns, device_section, half_widths
 from projection.ipu.assumptions import ASSUMPTIONS
 from projection.ipu.cost import (
     Constants,
@@ -49,48 +50,27 @@ from projection.ipu.cost import (
 from projection.ipu.plan import Layout, plan_run
 from projection.profile import ModelProfile
 from projection.run import Schedule
-from projection.uncertainty import (
-    COVERAGE,
-    Assumption,
-    Evidence,
-    Interval,
-    Refit,
-    column,
-    figures,
-    interval,
-    prediction_half_width,
-    widened,
-)
+from projection.uncertainty import COVERAGE, Assumption, Interval, Refit, column, figures, interval, widened
+
+Published = calibration.Published[Layout]  # ipu.md's figures; the layout and schedule from configs.yml
 
 
-@dataclass(frozen=True)
-class Published:
-    """One MLPerf v1.1 result (ipu.md), the layout and schedule behind it (configs.yml), and what its five logs time:
-    the steady epoch and a later evaluation (median over the runs)."""
-
-    system: str
-    layout: Layout
-    schedule: Schedule
-    throughput_img_s: float  # ipu.md: 1,281,167 / the median epoch
-    time_to_train_min: float  # ipu.md: the olympic mean
-    steady_epoch_s: float  # logs: a logged epoch with no checkpoint in it or before it
-    evaluation_s: float  # logs: a later evaluation, eval_start to eval_stop
-
-    @property
-    def shape(self) -> RunShape:
-        return self.layout.shape(self.schedule.train_images)
+def shape(published: Published) -> RunShape:
+    return published.layout.shape(published.schedule.train_images)
 
 
 # 20 images per micro-batch on one IPU per replica, recomputation (the recipe's pipeline stages all on one IPU),
-# fp16.16, 8-bit input, merged all-reduce; host round trips per train.py's log interval.
+# fp16.16, 8-bit input, merged all-reduce; host round trips per train.py's log interval. Throughput: 1,281,167 over
+# the median epoch; a steady epoch has no checkpoint in it or before it; an evaluation is a later one's
+# eval_start to eval_stop.
 RECIPE = Layout(replicas=16, micro_batch=20, grad_accum=10, image_size=224, recompute="auto")
-POD16 = Published("ipu_pod16", RECIPE, Schedule(38, first_eval=2), 29_541, 28.335, 43.217, 0.535)
+POD16 = Published("ipu_pod16", "ipu_pod16", RECIPE, Schedule(38, first_eval=2), 29_541, 28.335, 43.217, 0.535)
 POD64 = Published(
-    "ipu_pod64", dataclasses.replace(RECIPE, replicas=64, grad_accum=3), Schedule(38, first_eval=2),
+    "ipu_pod64", "ipu_pod64", dataclasses.replace(RECIPE, replicas=64, grad_accum=3), Schedule(38, first_eval=2),
     108_011, 8.504, 11.850, 0.343,
 )  # fmt: skip
 POD128 = Published(
-    "ipu_pod128", dataclasses.replace(RECIPE, replicas=128, grad_accum=2), Schedule(41, first_eval=1),
+    "ipu_pod128", "ipu_pod128", dataclasses.replace(RECIPE, replicas=128, grad_accum=2), Schedule(41, first_eval=1),
     178_187, 5.672, 6.905, 0.260,
 )  # fmt: skip
 IN_SAMPLE = (POD16, POD64, POD128)
@@ -108,27 +88,18 @@ def resnet50_profile() -> ModelProfile:
     in-sample layouts differ only in replicas and accumulation, which the probe does not see, and the profile not
     by chip."""
     model = build_resnet50(1000, batchnorm(0.1, 1e-5), channels_last=True)
-    return plan_run(model, RECIPE, load_system(POD16.system).chip).profile
+    return plan_run(model, RECIPE, load_system(POD16.device).chip).profile
 
 
-def per_update_s(profile: ModelProfile, system: System, published: Published, constants: Constants) -> float:
-    """The device time of one update in the published run, host round trip share included (the fit checks that
-    the host feed, which overlaps it, does not bind)."""
-    return step_time(profile, system, published.shape, constants).device_s
-
-
-def device_bound(
-    profile: ModelProfile, systems: Mapping[str, System], constants: Constants, fitted_on: Sequence[Published]
-) -> bool:
-    """Whether every run fitted on is bound by its IPUs, not by its hosts' feed, as the logs' rates imply."""
-    steps = (step_time(profile, systems[p.system], p.shape, constants) for p in fitted_on)
-    return all(step.device_s >= step.host_feed_s for step in steps)
+def load_system(name: str) -> System:
+    """configs/device/<name>.yaml's simulated IPU system with its chip."""
+    return device_section(name, IpuSimConfig).chosen_system
 
 
 def target_s(published: Published) -> float:
     """One update of the published run: the steady epoch over its updates (whole round trips, as train.py logs)."""
-    shape = published.shape
-    return published.steady_epoch_s / (host_calls_per_epoch(published.schedule, shape) * shape.device_iterations)
+    run = shape(published)
+    return published.steady_epoch_s / (host_calls_per_epoch(published.schedule, run) * run.device_iterations)
 
 
 @dataclass(frozen=True)
@@ -153,330 +124,196 @@ PRIORS = {
 }
 
 
-def spans_pods(systems: Mapping[str, System], published: Published) -> bool:
-    """Whether the published run spans more than one POD64, and so pays the cross-POD phase."""
-    return pods(systems[published.system], published.shape, 1) > 1
+class IpuCalibration(calibration.Calibration[Constants, Projection, Layout]):
+    """The IPU cost model's calibration on Graphcore's three v1.1 results, each constant in closed form from what
+    only it explains; two systems leave one at its prior (PRIORS)."""
 
-
-def fit_step(
-    profile: ModelProfile,
-    systems: Mapping[str, System],
-    assumed: Constants,
-    fitted_on: Sequence[Published] = IN_SAMPLE,
-) -> Constants | None:
-    """compute_efficiency and update_overhead_s from two runs within a POD64 (POD16's 10 micro-batches an update
-    against POD64's 3), or with one, the overhead at its prior and the efficiency from that one; then
-    gateway_efficiency from the run that spans POD64s, or at its prior without one. None where the assumed constants
-    leave no physical fit (efficiency outside (0, 1], a negative overhead, a host-bound run)."""
-    within = [published for published in fitted_on if not spans_pods(systems, published)]
-    across = [published for published in fitted_on if spans_pods(systems, published)]
-    if len(within) == 2:
-        fitted = fit_compute_and_overhead(profile, systems, assumed, *within)
-    else:
-        (alone,) = within
-        prior = dataclasses.replace(assumed, update_overhead_s=PRIORS["update_overhead_s"].value)
-        fitted = fit_compute(profile, systems, prior, alone)
-    if fitted is None:
-        return None
-    if across:
-        (spanning,) = across
-        efficiency = fit_gateway(profile, systems[spanning.system], spanning, fitted)
-    else:
-        efficiency = PRIORS["gateway_efficiency"].value
-    if efficiency is None:
-        return None
-    fitted = dataclasses.replace(fitted, gateway_efficiency=efficiency)
-    return fitted if device_bound(profile, systems, fitted, fitted_on) else None
-
-
-def fit_compute_and_overhead(
-    profile: ModelProfile, systems: Mapping[str, System], assumed: Constants, first: Published, second: Published
-) -> Constants | None:
-    """compute_efficiency and update_overhead_s in closed form from two runs of different accumulation within a
-    POD64: the step is linear in 1/efficiency and in the overhead while compute-bound."""
-
-    def at(published: Published, inverse_efficiency: float, overhead: float) -> float:
-        trial = dataclasses.replace(assumed, compute_efficiency=1 / inverse_efficiency, update_overhead_s=overhead)
-        return per_update_s(profile, systems[published.system], published, trial)
-
-    rows = []
-    for published in (first, second):
-        base, doubled = at(published, 1.0, 0.0), at(published, 2.0, 0.0)
-        rows.append((doubled - base, 2 * base - doubled, target_s(published)))
-    (slope1, rest1, t1), (slope2, rest2, t2) = rows
-    inverse_efficiency = (t1 - t2 - rest1 + rest2) / (slope1 - slope2)
-    overhead = t1 - slope1 * inverse_efficiency - rest1
-    if inverse_efficiency < 1 or overhead < 0:
-        return None
-    return dataclasses.replace(assumed, compute_efficiency=1 / inverse_efficiency, update_overhead_s=overhead)
-
-
-def fit_compute(
-    profile: ModelProfile, systems: Mapping[str, System], assumed: Constants, published: Published
-) -> Constants | None:
-    """compute_efficiency alone from one run, the overhead given: the update is linear in 1/efficiency."""
-
-    def update(inverse: float) -> float:
-        trial = dataclasses.replace(assumed, compute_efficiency=1 / inverse)
-        return per_update_s(profile, systems[published.system], published, trial)
-
-    at_peak = update(1.0)
-    inverse = 1 + (target_s(published) - at_peak) / (update(2.0) - at_peak)
-    return dataclasses.replace(assumed, compute_efficiency=1 / inverse) if inverse >= 1 else None
-
-
-def fit_gateway(profile: ModelProfile, system: System, published: Published, constants: Constants) -> float | None:
-    """The GW-Link efficiency at which the run spanning POD64s takes its logged update, in closed form: the update is
-    linear in 1 / efficiency (only the cross-POD phase's bandwidth term depends on it). None outside 1e-4 to 1:
-    even line rate too slow, or no efficiency above 1e-4 slows it enough."""
-
-    def update(inverse: float) -> float:
-        efficiency = dataclasses.replace(constants, gateway_efficiency=1 / inverse)
-        return per_update_s(profile, system, published, efficiency)
-
-    at_line_rate, slope = update(1.0), update(2.0) - update(1.0)
-    if slope <= 0:
-        return None
-    inverse = 1 + (target_s(published) - at_line_rate) / slope
-    return 1 / inverse if 1.0 <= inverse <= 1e4 else None
-
-
-def fit_eval_overhead(
-    profile: ModelProfile, systems: Mapping[str, System], constants: Constants, fitted_on: Sequence[Published]
-) -> float:
-    """The mean, over the runs fitted on, of a logged evaluation less its forward passes."""
-    residuals = [
-        published.evaluation_s
-        - published.schedule.eval_images * eval_image_s(profile, systems[published.system], published.shape, constants)
-        for published in fitted_on
-    ]
-    return sum(residuals) / len(residuals)
-
-
-def fit(
-    profile: ModelProfile,
-    systems: Mapping[str, System],
-    assumed: Constants,
-    fitted_on: Sequence[Published] = IN_SAMPLE,
-) -> Constants | None:
-    """`assumed` with the fitted constants, fitted on `fitted_on` (the in-sample systems, or two of them); None
-    where no physical fit exists."""
-    fitted = fit_step(profile, systems, assumed, fitted_on)
-    if fitted is None:
-        return None
-    overhead = fit_eval_overhead(profile, systems, fitted, fitted_on)
-    return dataclasses.replace(fitted, eval_overhead_s=overhead) if overhead >= 0 else None
-
-
-def project_published(profile: ModelProfile, system: System, published: Published, constants: Constants) -> Projection:
-    """The projection of a published run's shape and schedule."""
-    return project(profile, system, published.shape, constants, published.schedule)
-
-
-@cache
-def in_sample_systems() -> Mapping[str, System]:
-    """The systems Graphcore's in-sample results ran on, composed from configs/device/ once per process."""
-    return {published.system: load_system(published.system) for published in IN_SAMPLE}
-
-
-def refitter(
-    profile: ModelProfile, systems: Mapping[str, System], fitted_on: Sequence[Published] = IN_SAMPLE
-) -> Refit[Constants]:
-    """`fit` for any assumed constants, each set fitted once: every interval refits the same corners and ends. The
-    systems fitted on run at FITTED_CLOCK_HZ, where update_cycles_share moves nothing, so its ends share one fit."""
-    fitted = cache(partial(fit, profile, systems, fitted_on=fitted_on))
-
-    def refit(assumed: Constants) -> Constants | None:
-        constants = fitted(dataclasses.replace(assumed, update_cycles_share=Constants.update_cycles_share))
-        if constants is None:
-            return None
-        return dataclasses.replace(constants, update_cycles_share=assumed.update_cycles_share)
-
-    return refit
-
-
-@dataclass(frozen=True)
-class LeftOut:
-    """An in-sample system projected from a fit to the other two, its own results unseen: the model's real error."""
-
-    published: Published
-    prior: str  # the fitted constant the other two leave unidentified, held at its prior (PRIORS)
-    projection: Projection
-
-    @property
-    def throughput_error_pct(self) -> float:
-        return error(self.projection.throughput_img_s, self.published.throughput_img_s)
-
-    @property
-    def time_to_train_error_pct(self) -> float:
-        return error(self.projection.time_to_train_min, self.published.time_to_train_min)
-
-
-def others(published: Published) -> tuple[Published, ...]:
-    return tuple(other for other in IN_SAMPLE if other is not published)
-
-
-def unidentified(systems: Mapping[str, System], fitted_on: Sequence[Published]) -> str:
-    """What `fit` holds at its prior on `fitted_on`: the gateway's efficiency where no run spans POD64s, else the
-    update overhead (one run within a POD64 cannot split the per-micro-batch cost from the per-update one)."""
-    if any(spans_pods(systems, published) for published in fitted_on):
-        return "update_overhead_s"
-    return "gateway_efficiency"
-
-
-def left_out(profile: ModelProfile, systems: Mapping[str, System], published: Published) -> LeftOut:
-    """`published` projected with its own layout and schedule from the constants fitted on the other two."""
-    constants = refitter(profile, systems, others(published))(Constants())
-    assert constants is not None, f"the central constants must fit the in-sample results without {published.system}"
-    projection = project_published(profile, systems[published.system], published, constants)
-    return LeftOut(published, unidentified(systems, others(published)), projection)
-
-
-def evidence_of(left: Sequence[LeftOut]) -> Evidence:
-    """The half-widths that hold COVERAGE of the model's error on one more system, from these leave-one-out errors."""
-    return Evidence(
-        prediction_half_width([one.throughput_error_pct for one in left]),
-        prediction_half_width([one.time_to_train_error_pct for one in left]),
-        f"leave-one-out over {', '.join(one.published.system for one in left)}",
+    in_sample = IN_SAMPLE
+    fitted = FITTED
+    assumptions = ASSUMPTIONS
+    fitted_on = "ipu_pod16, ipu_pod64 and ipu_pod128 (MLPerf Training v1.1, ResNet-50)"
+    evidence_source = f"leave-one-out over {', '.join(published.system for published in IN_SAMPLE)}"
+    columns = Columns(rate=9, rates=17, minutes=15, missed=" NO ")
+    left_out_title = f"leave-one-out: each system projected from a fit to the other two ({100 * COVERAGE:.0f} % ranges)"
+    what_throughput_is = (
+        ": 1,281,167 images over the median logged epoch; a fit matches the steady ones of the systems it is on"
     )
 
+    @cached_property
+    def profile(self) -> ModelProfile:
+        return resnet50_profile()
 
-@cache
-def evidence() -> Evidence:
-    """The model's error off its fit, which widens every IPU projection's ranges: leave-one-out over the three
-    in-sample systems, throughput and time to train at their published epochs (once per process)."""
-    systems = in_sample_systems()
-    return evidence_of([left_out(resnet50_profile(), systems, published) for published in IN_SAMPLE])
+    @cached_property
+    def systems(self) -> dict[str, System]:
+        """The systems Graphcore's in-sample results ran on, composed from configs/device/ once per process."""
+        return {published.device: load_system(published.device) for published in IN_SAMPLE}
+
+    def assumed(self) -> Constants:
+        return Constants()
+
+    def project_published(self, published: Published, constants: Constants) -> Projection:
+        return project(self.profile, self.systems[published.device], shape(published), constants, published.schedule)
+
+    def per_update_s(self, published: Published, constants: Constants) -> float:
+        """The device time of one update in the published run, host round trip share included (the fit checks that
+        the host feed, which overlaps it, does not bind)."""
+        return step_time(self.profile, self.systems[published.device], shape(published), constants).device_s
+
+    def device_bound(self, constants: Constants, fitted_on: Sequence[Published]) -> bool:
+        """Whether every run fitted on is bound by its IPUs, not by its hosts' feed, as the logs' rates imply."""
+        steps = (step_time(self.profile, self.systems[p.device], shape(p), constants) for p in fitted_on)
+        return all(step.device_s >= step.host_feed_s for step in steps)
+
+    def spans_pods(self, published: Published) -> bool:
+        """Whether the published run spans more than one POD64, and so pays the cross-POD phase."""
+        return pods(self.systems[published.device], shape(published), 1) > 1
+
+    def fit(self, assumed: Constants, systems: Sequence[Published]) -> Constants | None:
+        fitted = self.fit_step(assumed, systems)
+        if fitted is None:
+            return None
+        overhead = self.fit_eval_overhead(fitted, systems)
+        return dataclasses.replace(fitted, eval_overhead_s=overhead) if overhead >= 0 else None
+
+    def fit_step(self, assumed: Constants, fitted_on: Sequence[Published]) -> Constants | None:
+        """compute_efficiency and update_overhead_s from two runs within a POD64 (POD16's 10 micro-batches an update
+        against POD64's 3), or with one, the overhead at its prior and the efficiency from that one; then
+        gateway_efficiency from the run that spans POD64s, or at its prior without one. None where the assumed
+        constants leave no physical fit (efficiency outside (0, 1], a negative overhead, a host-bound run)."""
+        within = [published for published in fitted_on if not self.spans_pods(published)]
+        across = [published for published in fitted_on if self.spans_pods(published)]
+        if len(within) == 2:
+            fitted = self.fit_compute_and_overhead(assumed, *within)
+        else:
+            (alone,) = within
+            prior = dataclasses.replace(assumed, update_overhead_s=PRIORS["update_overhead_s"].value)
+            fitted = self.fit_compute(prior, alone)
+        if fitted is None:
+            return None
+        efficiency = self.fit_gateway(fitted, *across) if across else PRIORS["gateway_efficiency"].value
+        if efficiency is None:
+            return None
+        fitted = dataclasses.replace(fitted, gateway_efficiency=efficiency)
+        return fitted if self.device_bound(fitted, fitted_on) else None
+
+    def fit_compute_and_overhead(self, assumed: Constants, first: Published, second: Published) -> Constants | None:
+        """compute_efficiency and update_overhead_s in closed form from two runs of different accumulation within a
+        POD64: the step is linear in 1/efficiency and in the overhead while compute-bound."""
+
+        def at(published: Published, inverse_efficiency: float, overhead: float) -> float:
+            trial = dataclasses.replace(assumed, compute_efficiency=1 / inverse_efficiency, update_overhead_s=overhead)
+            return self.per_update_s(published, trial)
+
+        rows = []
+        for published in (first, second):
+            base, doubled = at(published, 1.0, 0.0), at(published, 2.0, 0.0)
+            rows.append((doubled - base, 2 * base - doubled, target_s(published)))
+        (slope1, rest1, t1), (slope2, rest2, t2) = rows
+        inverse_efficiency = (t1 - t2 - rest1 + rest2) / (slope1 - slope2)
+        overhead = t1 - slope1 * inverse_efficiency - rest1
+        if inverse_efficiency < 1 or overhead < 0:
+            return None
+        return dataclasses.replace(assumed, compute_efficiency=1 / inverse_efficiency, update_overhead_s=overhead)
+
+    def fit_compute(self, assumed: Constants, published: Published) -> Constants | None:
+        """compute_efficiency alone from one run, the overhead given: the update is linear in 1/efficiency."""
+
+        def update(inverse: float) -> float:
+            return self.per_update_s(published, dataclasses.replace(assumed, compute_efficiency=1 / inverse))
+
+        at_peak = update(1.0)
+        inverse = 1 + (target_s(published) - at_peak) / (update(2.0) - at_peak)
+        return dataclasses.replace(assumed, compute_efficiency=1 / inverse) if inverse >= 1 else None
+
+    def fit_gateway(self, constants: Constants, published: Published) -> float | None:
+        """The GW-Link efficiency at which the run spanning POD64s takes its logged update, in closed form: the
+        update is linear in 1 / efficiency (only the cross-POD phase's bandwidth term depends on it). None outside
+        1e-4 to 1: even line rate too slow, or no efficiency above 1e-4 slows it enough."""
+
+        def update(inverse: float) -> float:
+            return self.per_update_s(published, dataclasses.replace(constants, gateway_efficiency=1 / inverse))
+
+        at_line_rate, slope = update(1.0), update(2.0) - update(1.0)
+        if slope <= 0:
+            return None
+        inverse = 1 + (target_s(published) - at_line_rate) / slope
+        return 1 / inverse if 1.0 <= inverse <= 1e4 else None
+
+    def fit_eval_overhead(self, constants: Constants, fitted_on: Sequence[Published]) -> float:
+        """The mean, over the runs fitted on, of a logged evaluation less its forward passes."""
+        residuals = [
+            published.evaluation_s
+            - published.schedule.eval_images
+            * eval_image_s(self.profile, self.systems[published.device], shape(published), constants)
+            for published in fitted_on
+        ]
+        return sum(residuals) / len(residuals)
+
+    def refitter(self, systems: Sequence[Published]) -> Refit[Constants]:
+        """The systems fitted on run at FITTED_CLOCK_HZ, where update_cycles_share moves nothing, so its ends share
+        one fit."""
+        fitted = super().refitter(systems)
+
+        def refit(assumed: Constants) -> Constants | None:
+            constants = fitted(dataclasses.replace(assumed, update_cycles_share=Constants.update_cycles_share))
+            if constants is None:
+                return None
+            return dataclasses.replace(constants, update_cycles_share=assumed.update_cycles_share)
+
+        return refit
+
+    def unidentified(self, left_out: Published) -> str:
+        """What the fit on the others holds at its prior: the gateway's efficiency where no run spans POD64s, else
+        the update overhead (one run within a POD64 cannot split the per-micro-batch cost from the per-update one)."""
+        if any(self.spans_pods(published) for published in self.others(left_out)):
+            return "update_overhead_s"
+        return "gateway_efficiency"
+
+    def lead(self, published: Published | None, left_out: bool) -> str:
+        if published is None:
+            return f"{'left out':<10} {'at its prior':<18}" if left_out else f"{'system':<10} {'b x K x R':>10}"
+        if left_out:
+            return f"{published.system:<10} {self.unidentified(published):<18}"
+        run = shape(published)
+        return f"{published.system:<10} {f'{run.micro_batch}x{run.grad_accum}x{run.replicas}':>10}"
+
+    def trailing(self, published: Published | None, projection: Projection | None) -> str:
+        if published is None or projection is None:
+            return f" {'steady epoch s':>15}"
+        return f" {f'{projection.steady_epoch_s:.3f} / {published.steady_epoch_s:.3f}':>15}"
+
+    def left_out_figures(self, published: Published) -> dict[str, object]:
+        return {"prior": self.unidentified(published)}
+
+    def left_out_summary(
+        self, systems: dict[str, object], spreads: Sequence[Interval[Projection]]
+    ) -> dict[str, object]:
+        """The half-widths the three errors give every projection, the median of the ranges' and the priors."""
+        found = self.evidence
+        widths = [100 * width for spread in spreads for width in half_widths(spread)]
+        print(
+            f"the model's error off its fit, from these three: +-{100 * found.throughput:.1f} % throughput,"
+            f" +-{100 * found.time_to_train:.1f} % time to train ({100 * COVERAGE:.0f} % Student t prediction"
+            f" interval, {len(spreads)} degrees of freedom), which widens every projection's ranges"
+        )
+        print(f"median half-width of the leave-one-out ranges above: {statistics.median(widths):.1f} %")
+        for name, prior in PRIORS.items():
+            print(f"  prior {name} = {prior.value:g}: {prior.reason}")
+        return systems | {
+            "half_width_pct": {
+                "throughput": round(100 * found.throughput, 2),
+                "time_to_train": round(100 * found.time_to_train, 2),
+            },
+            "median_half_width_pct": round(statistics.median(widths), 2),
+        }
 
 
-def left_out_range(
-    profile: ModelProfile, systems: Mapping[str, System], left: LeftOut, every: Sequence[LeftOut]
-) -> Interval[Projection]:
-    """The range a left-out system would have been given: the assumptions' range, each corner refitted on the other
-    two, widened by the other two's leave-one-out errors (its own error never sizes its own range)."""
-    published = left.published
-    refit = refitter(profile, systems, others(published))
-    central = refit(Constants())
-    assert central is not None, f"the central constants must fit the in-sample results without {published.system}"
-    at = partial(project_published, profile, systems[published.system], published)
-    return widened(interval(at, refit, central, ASSUMPTIONS), evidence_of([one for one in every if one is not left]))
-
-
-def load_system(name: str) -> System:
-    """configs/device/<name>.yaml's simulated IPU system with its chip."""
-    return device_section(name, IpuSimConfig).chosen_system
-
+CALIBRATION = IpuCalibration()  # the fit on the in-sample systems, once per process
 
 SYSTEMS = {
     "gc200": ("ipu_pod16", "ipu_pod64", "ipu_pod128", "ipu_pod256"),
     "bow": ("bow_pod16", "bow_pod64", "bow_pod128", "bow_pod256"),
 }
-
-
-def print_constants(constants: Constants, refit: Refit[Constants]) -> None:
-    fitted_on = "ipu_pod16, ipu_pod64 and ipu_pod128 (MLPerf Training v1.1, ResNet-50)"
-    print(constants_table(constants, refit, ASSUMPTIONS, FITTED, fitted_on))
-
-
-def print_calibration(
-    profile: ModelProfile, systems: Mapping[str, System], constants: Constants, refit: Refit[Constants]
-) -> None:
-    """The fit, each in-sample system's projection with its range beside its published figures, then each projected
-    from the other two (leave-one-out) with the range it would have been given."""
-    print_constants(constants, refit)
-    print(f"{'system':<10} {'b x K x R':>10} {'img/s':>9} {'range':>17} {'published':>10} {'error':>7}", end="")
-    print(f" {'TTT min':>8} {'range':>15} {'published':>10} {'error':>7} {'steady epoch s':>15}")
-    summary: dict[str, object] = {name: getattr(constants, name) for name in FITTED}
-    rows = []
-    for published in IN_SAMPLE:
-        system = systems[published.system]
-        spread = interval(partial(project_published, profile, system, published), refit, constants, ASSUMPTIONS)
-        projection, shape = spread.central, published.shape
-        row = compared(spread, published.throughput_img_s, published.time_to_train_min)
-        print(
-            f"{published.system:<10} {f'{shape.micro_batch}x{shape.grad_accum}x{shape.replicas}':>10}"
-            f" {projection.throughput_img_s:>9,.0f} {row.rates:>17}"
-            f" {published.throughput_img_s:>10,.0f} {row.throughput_error_pct:>+6.1f}%"
-            f" {projection.time_to_train_min:>8.3f} {row.minutes:>15}"
-            f" {published.time_to_train_min:>10.3f} {row.time_to_train_error_pct:>+6.1f}%"
-            f" {f'{projection.steady_epoch_s:.3f} / {published.steady_epoch_s:.3f}':>15}"
-        )
-        rows.append(row)
-        summary[published.system] = row.summary
-    summary["leave_one_out"] = print_leave_one_out(leave_one_out(profile, systems))
-    note = ": 1,281,167 images over the median logged epoch; a fit matches the steady ones of the systems it is on"
-    print_table_end(rows, note, summary)
-
-
-def leave_one_out(profile: ModelProfile, systems: Mapping[str, System]) -> list[tuple[LeftOut, Interval[Projection]]]:
-    """Each in-sample system projected from the other two, with the range it would have been given."""
-    every = [left_out(profile, systems, published) for published in IN_SAMPLE]
-    return [(left, left_out_range(profile, systems, left, every)) for left in every]
-
-
-def print_leave_one_out(rows: Sequence[tuple[LeftOut, Interval[Projection]]]) -> dict[str, object]:
-    """The leave-one-out table: whether each system's published figures fall in the range it would have been given,
-    and the half-widths the three errors give every projection; its JSON entry."""
-    print(f"\nleave-one-out: each system projected from a fit to the other two ({100 * COVERAGE:.0f} % ranges)")
-    print(f"{'left out':<10} {'at its prior':<18} {'img/s':>9} {'range':>17} {'published':>10} {'error':>7} in", end="")
-    print(f" {'TTT min':>8} {'range':>15} {'published':>10} {'error':>7} in")
-    summary: dict[str, object] = {}
-    for left, spread in rows:
-        print(left_out_row(left, spread))
-        summary[left.published.system] = figures(spread) | {
-            "prior": left.prior,
-            "throughput_error_pct": round(left.throughput_error_pct, 2),
-            "time_to_train_error_pct": round(left.time_to_train_error_pct, 2),
-            "inside": list(held(left, spread)),
-        }
-    found = evidence_of([left for left, _ in rows])
-    half_widths = [
-        half_width_pct(span, central)
-        for left, spread in rows
-        for span, central in (
-            (spread.throughput_img_s, left.projection.throughput_img_s),
-            (spread.time_to_train_min, left.projection.time_to_train_min),
-        )
-    ]
-    print(
-        f"the model's error off its fit, from these three: +-{100 * found.throughput:.1f} % throughput,"
-        f" +-{100 * found.time_to_train:.1f} % time to train ({100 * COVERAGE:.0f} % Student t prediction interval,"
-        f" {len(rows)} degrees of freedom), which widens every projection's ranges"
-    )
-    print(f"median half-width of the leave-one-out ranges above: {statistics.median(half_widths):.1f} %")
-    for name, prior in PRIORS.items():
-        print(f"  prior {name} = {prior.value:g}: {prior.reason}")
-    summary["half_width_pct"] = {
-        "throughput": round(100 * found.throughput, 2),
-        "time_to_train": round(100 * found.time_to_train, 2),
-    }
-    summary["median_half_width_pct"] = round(statistics.median(half_widths), 2)
-    return summary
-
-
-def left_out_row(left: LeftOut, spread: Interval[Projection]) -> str:
-    """A left-out system's projection, range, published figure and error, and whether the figure is inside."""
-    published, projection = left.published, left.projection
-    rate_in, minutes_in = ("yes" if inside else "NO " for inside in held(left, spread))
-    return (
-        f"{published.system:<10} {left.prior:<18} {projection.throughput_img_s:>9,.0f}"
-        f" {column(*spread.throughput_img_s, '{:,.0f}'.format):>17} {published.throughput_img_s:>10,.0f}"
-        f" {left.throughput_error_pct:>+6.1f}% {rate_in}"
-        f" {projection.time_to_train_min:>8.3f} {column(*spread.time_to_train_min, '{:.3f}'.format):>15}"
-        f" {published.time_to_train_min:>10.3f} {left.time_to_train_error_pct:>+6.1f}% {minutes_in}"
-    )
-
-
-def held(left: LeftOut, spread: Interval[Projection]) -> tuple[bool, bool]:
-    """Whether the published throughput and time to train fall in the left-out system's range."""
-    (low, high), (fastest, slowest) = spread.throughput_img_s, spread.time_to_train_min
-    published = left.published
-    return low <= published.throughput_img_s <= high, fastest <= published.time_to_train_min <= slowest
-
-
-def half_width_pct(span: tuple[float, float], central: float) -> float:
-    """Half a range over its central value, in %."""
-    return 50 * (span[1] - span[0]) / central
 
 
 def recipe_schedule(system: System, epochs: int) -> Schedule:
@@ -486,21 +323,15 @@ def recipe_schedule(system: System, epochs: int) -> Schedule:
 
 
 def scaled(
-    profile: ModelProfile,
-    system: System,
-    constants: Constants,
-    refit: Refit[Constants],
-    grad_accum: int,
-    epochs: int,
-    assumptions: Mapping[str, Assumption] = ASSUMPTIONS,
+    system: System, grad_accum: int, epochs: int, assumptions: Mapping[str, Assumption] = ASSUMPTIONS
 ) -> Interval[Projection]:
     """The recipe's micro-batch with `grad_accum` micro-batches per update, one replica per IPU of `system`."""
-    shape = dataclasses.replace(RECIPE, replicas=system.ipus, grad_accum=grad_accum).shape()
+    run = dataclasses.replace(RECIPE, replicas=system.ipus, grad_accum=grad_accum).shape()
 
     def at(assumed: Constants) -> Projection:
-        return project(profile, system, shape, assumed, recipe_schedule(system, epochs))
+        return project(CALIBRATION.profile, system, run, assumed, recipe_schedule(system, epochs))
 
-    return interval(at, refit, constants, assumptions)
+    return interval(at, CALIBRATION.refit, CALIBRATION.central, assumptions)
 
 
 def shares(projection: Projection, epochs: int) -> tuple[dict[str, float], dict[str, float]]:
@@ -525,24 +356,22 @@ def shares(projection: Projection, epochs: int) -> tuple[dict[str, float], dict[
 STEP_TERMS = ("compute", "allreduce", "gateway", "update", "sync", "host_sync")
 
 
-def print_scaling(
-    profile: ModelProfile, constants: Constants, refit: Refit[Constants], grad_accum: int, epochs: int
-) -> None:
+def print_scaling(grad_accum: int, epochs: int) -> None:
     """One recipe shape (20 images x K per replica, one IPU each) on every system of both chips: throughput per
     IPU and time-to-train with their ranges as run.mode=project gives them, each step term's share of an update, and
     an epoch's time by what it is paid per."""
-    print_constants(constants, refit)
+    print(CALIBRATION.constants_table())
     print(f"scaling: 20 images x {grad_accum} micro-batches per replica, one IPU per replica, {epochs:g} epochs")
     header = f"{'system':<11} {'IPUs':>4} {'img/s/IPU':>9} {'range':>11} {'vs 16':>6} {'TTT min':>7} {'range':>11}"
     print(header + "  % of an update:" + "".join(f"{term:>10}" for term in STEP_TERMS), end="")
     print("  % of an epoch, paid per: micro-batch update round-trip checkpoint")
     summary: dict[str, object] = {}
-    half_widths = []
+    widths = []
     for names in SYSTEMS.values():
         smallest = None
         for name in names:
             system = load_system(name)
-            spread = widened(scaled(profile, system, constants, refit, grad_accum, epochs), evidence())
+            spread = widened(scaled(system, grad_accum, epochs), CALIBRATION.evidence)
             projection = spread.central
             per_ipu = projection.throughput_img_s / system.ipus
             smallest = smallest or per_ipu
@@ -557,18 +386,17 @@ def print_scaling(
                 + " " * 20
                 + "".join(f"{value:>10.2f}" for value in per_epoch.values())
             )
-            half_widths += [half_width_pct(spread.throughput_img_s, projection.throughput_img_s)]
-            half_widths += [half_width_pct(spread.time_to_train_min, projection.time_to_train_min)]
+            widths += [100 * width for width in half_widths(spread)]
             summary[name] = figures(spread) | {
                 "img_s_per_ipu": round(per_ipu, 1),
                 "update_share_pct": {term: round(value, 3) for term, value in per_update.items()},
                 "epoch_share_pct": {term: round(value, 3) for term, value in per_epoch.items()},
             }
-    found = evidence()
+    found = CALIBRATION.evidence
     print(
         f"({100 * COVERAGE:.0f} % ranges: the assumptions' range widened by the model's error off its fit,"
         f" +-{100 * found.throughput:.1f} % throughput and +-{100 * found.time_to_train:.1f} % time to train,"
-        f" {found.source}; median half-width {statistics.median(half_widths):.1f} %)"
+        f" {found.source}; median half-width {statistics.median(widths):.1f} %)"
     )
     print(json.dumps(summary))
 
@@ -579,15 +407,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--grad-accum", type=int, default=2, help="micro-batches per update in --scaling")
     parser.add_argument("--epochs", type=int, default=41, help="epochs to train in --scaling")
     args = parser.parse_args(argv)
-    systems = in_sample_systems()
-    profile = resnet50_profile()
-    refit = refitter(profile, systems)
-    constants = refit(Constants())
-    assert constants is not None, "the central constants must fit the in-sample results"
     if args.scaling:
-        print_scaling(profile, constants, refit, args.grad_accum, args.epochs)
+        print_scaling(args.grad_accum, args.epochs)
     else:
-        print_calibration(profile, systems, constants, refit)
+        calibration.print_calibration(CALIBRATION)
 
 
 if __name__ == "__main__":

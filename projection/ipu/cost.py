@@ -107,7 +107,7 @@ class Projection:
     epoch_s: float  # the median logged epoch
     steady_epoch_s: float  # a logged epoch with no checkpoint in it or before it
     training_s: float  # every epoch, checkpoints included
-    eval_s: float  # all evaluations of the run together, after training
+    evaluations_s: float  # all evaluations of the run together, after training
     time_to_train_min: float
     step: StepTime
     host_calls_per_epoch: int
@@ -445,7 +445,7 @@ def project(
     step = step_time(profile, system, shape, constants)
     call_s = shape.device_iterations * step.total_s
     training = training_loop(system, schedule, shape, call_s, constants)
-    evaluation = constants.eval_setup_s + training.checkpoints * evaluation_s(
+    evaluations = constants.eval_setup_s + training.checkpoints * evaluation_s(
         profile, system, shape, constants, schedule.eval_images
     )
     median, training_s = statistics.median(training.epochs_s), sum(training.epochs_s)
@@ -455,8 +455,8 @@ def project(
         median,
         calls * call_s,
         training_s,
-        evaluation,
-        (training_s + evaluation) / 60,
+        evaluations,
+        (training_s + evaluations) / 60,
         step,
         calls,
         training.checkpoints,
@@ -495,7 +495,7 @@ def report(projection: Projection, shape: RunShape, stages: int, epochs: float) 
         f"epoch {projection.epoch_s:.2f} s (median), {projection.steady_epoch_s:.2f} s without a checkpoint"
         f" ({projection.host_calls_per_epoch} host round trips)",
         f"training {projection.training_s:.1f} s, of which checkpoints and the last round trip {checkpoints:.1f} s",
-        f"evaluations {projection.eval_s:.1f} s ({projection.checkpoints} saved checkpoints, after training)",
+        f"evaluations {projection.evaluations_s:.1f} s ({projection.checkpoints} saved checkpoints, after training)",
         f"time to train ({epochs:g} epochs) {projection.time_to_train_min:.3f} min",
     ]
     return "\n".join(lines)

@@ -20,23 +20,20 @@ def project(planned: Plan, system: System, schedule: Schedule, global_batch: int
     """The system's memory plan, the step time by component, and the projected epoch and time-to-train, with the
     range the assumed constants allow, each corner refitted to the in-sample results as the central value is, and
     how far the run reaches beyond them; last, one JSON line."""
-    systems = calibrate.in_sample_systems()
-    refit = calibrate.refitter(calibrate.resnet50_profile(), systems)
+    fit = calibrate.CALIBRATION
     shape = planned.layout.shape(schedule.train_images)
 
     def at(constants: Constants) -> Projection:
         return cost.project(planned.profile, system, shape, constants, schedule)
 
-    central = refit(Constants())
-    assert central is not None, "the central constants must fit the in-sample results"
-    spread = uncertainty.widened(uncertainty.interval(at, refit, central, ASSUMPTIONS), calibrate.evidence())
+    spread = uncertainty.widened(fit.ranges(at), fit.evidence)
     beyond = beyond_calibration(planned, system, shape)
     notes = [
         f"epochs: {schedule.epochs} (run.max_epochs): the recipe trains them all, then evaluates its checkpoints",
         convergence.room_to_converge(schedule.epochs, global_batch),
         *checkpoints_moved(system, schedule),
     ]
-    return report(planned, system, shape, spread, central, schedule.epochs, beyond, notes)
+    return report(planned, system, shape, spread, fit.central, schedule.epochs, beyond, notes)
 
 
 def checkpoints_moved(system: System, schedule: Schedule) -> list[str]:
@@ -56,8 +53,8 @@ def beyond_calibration(planned: Plan, system: System, shape: cost.RunShape) -> l
     """Where the run reaches beyond the in-sample systems (their POD64s, chip, accumulations and host processes,
     and the recipe's 20 images on one IPU per replica); nothing is widened for it beyond the ranges."""
     stages = len(planned.profile.stages)
-    samples = {published.system: published.shape for published in calibrate.IN_SAMPLE}
-    calibrated = {name: calibrate.load_system(name) for name in samples}
+    samples = {published.device: calibrate.shape(published) for published in calibrate.IN_SAMPLE}
+    calibrated = calibrate.CALIBRATION.systems
     most_pods = max(cost.pods(calibrated[name], sample, 1) for name, sample in samples.items())
     chips = sorted({chip.chip.name for chip in calibrated.values()})
     rounds = sorted({known.mlperf_round for known in calibrated.values()})
