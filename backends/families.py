@@ -29,6 +29,9 @@ Project = Callable[[Config, BatchShape, int, Callable[[int], Schedule], Callable
 
 @dataclass(frozen=True)
 class Family:
+    """A kind of hardware a run executes on or projects onto; each takes the arguments its kind of answer takes,
+    whether it reads them or not, so that project.py and backends/build.py call every family alike."""
+
     backend: type[NativeBackend] | None  # whose select_device places a rank's steps; None: projected onto only
     build: Build | None
     project: Project | None = None
