@@ -104,7 +104,8 @@ STOPPED = Ending(
     by_signal=True,
 )
 ENDINGS = (REACHED, BUG, NO_BEST_TRIAL, REFUSED, NOT_CONVERGED, LOST_RANK, STORAGE_FAILED, STOPPED)
-ERRORS = (*USER_ERRORS, NotConverged, StorageError, PeerLost)  # what `leave` turns into an exit status
+# what `leave` turns into an exit status: every ending's errors but a stop's, a SystemExit that ends the run itself
+ERRORS = tuple(error for ending in ENDINGS if not ending.by_signal for error in ending.raised_as)
 
 _raised_in_the_run: BaseException | None = None  # what the run of this job raised (`raised_in_the_run`)
 
