@@ -8,11 +8,11 @@ import time
 import torch
 
 import distributed
-from backends import build
 from backends.base import RunFacts
 from configs.schema import Config
 from data.datasets import dataset_size
 from models import random_batch
+from projection import families
 
 
 def benchmark(cfg: Config, facts: RunFacts) -> None:
@@ -20,7 +20,7 @@ def benchmark(cfg: Config, facts: RunFacts) -> None:
     topology, device, policy = facts.topology, facts.device, facts.policy
     distributed.seed_everything(cfg.run.seed, topology.rank)
     classes, _, _ = dataset_size(cfg.data)
-    backend = build.from_config(cfg, facts, classes)
+    backend = families.build_backend(cfg, facts, classes)
     batch, size = facts.shape.per_rank, cfg.data.image_size
     images, labels = random_batch(batch, size, classes)
     lr = cfg.optim.base_lr / 100  # small enough to stay finite however long it runs

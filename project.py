@@ -14,12 +14,12 @@ from pathlib import Path
 import torch
 
 import rundir
-from backends.families import family_of
 from configs.checks import ConfigError
 from configs.schema import Config
 from configs.shape import BatchShape
 from data.datasets import IMAGENET_TRAIN_IMAGES, dataset_size
 from projection.convergence import Epochs, given_epochs, reference_epochs
+from projection.families import family_of
 from projection.run import Schedule
 
 

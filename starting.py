@@ -26,6 +26,7 @@ from monitor.metrics import MetricsCSV
 from monitor.progress import Simulated, say
 from optim.precision import Policy
 from optim.schedule import Schedule
+from projection import families
 
 
 @dataclass(kw_only=True)
@@ -95,7 +96,7 @@ def initialise(
 
     # Model, optimizer with the MLPerf parameter groups and precision policy, on the device; the schedule by step.
     classes = len(train_split.classes)
-    backend = build.from_config(cfg, facts, classes)
+    backend = families.build_backend(cfg, facts, classes)
     device = build.native_section(cfg)
     if device.compile or device.cuda_graphs:  # compiled and captured in MLPerf's init phase, not timed steps
         backend.compile_ahead(facts.shape.per_rank, val_loader.batch_sizes(), cfg.data.image_size, classes)

@@ -1,13 +1,13 @@
-"""The backend of a run, built from its section of the config and the run's facts, both worked out here once: the
-backends never read the whole config. The device's family (backends/families.py) picks the class, and with it the
-device its steps run on."""
+"""What a run's backend is built from, worked out here once: the run's facts (this rank's device, its precision
+policy, the batch shape) and the backend's section of the config, so that the backends never read the whole config.
+The device's family (projection/families.py) builds the backend from them."""
 
 from __future__ import annotations
 
 import torch
 
-from backends.base import Backend, BackendSection, RunFacts, StepSettings
-from backends.families import family_of
+from backends.base import BackendSection, RunFacts, StepSettings
+from backends.native import NativeBackend
 from configs.device.native import NativeConfig
 from configs.schema import Config
 from configs.shape import BatchShape
@@ -18,21 +18,12 @@ from optim.precision import Policy
 def run_facts(cfg: Config, topology: Topology, shape: BatchShape) -> RunFacts:
     """This rank's device (the CPU, or the GPU of its local rank; a ConfigError where there is none), the precision
     policy as that device runs it, and the batch `shape` over the launch's ranks (configs.schema.validate's)."""
-    backend = family_of(cfg).backend
-    assert backend is not None, f"device={cfg.device.name} is projected onto only (the config's check)"
-    return facts_on(cfg, topology, backend.select_device(native_section(cfg), topology.local_rank), shape)
+    return facts_on(cfg, topology, NativeBackend.select_device(native_section(cfg), topology.local_rank), shape)
 
 
 def facts_on(cfg: Config, topology: Topology, device: torch.device, shape: BatchShape) -> RunFacts:
     """The run's facts with its steps on `device` (run_facts picks it; a test may name a GPU that is not there)."""
     return RunFacts(topology, device, Policy.for_device(cfg.precision, device.type), shape)
-
-
-def from_config(cfg: Config, facts: RunFacts, classes: int) -> Backend:
-    """The backend of cfg.device.name for a model of `classes` classes, on this rank's device."""
-    build = family_of(cfg).build
-    assert build is not None, f"device={cfg.device.name} is projected onto only (the config's check)"
-    return build(cfg, section_of(cfg, facts), facts, classes)
 
 
 def native_section(cfg: Config) -> NativeConfig:

@@ -90,9 +90,9 @@ class NativeBackend:
 
     @staticmethod
     def select_device(cfg: NativeConfig, local_rank: int) -> torch.device:
-        """The CPU, or the GPU of this rank's local rank."""
+        """The CPU, or the GPU of this rank's local rank; the host's CPU for a simulated device, which runs there."""
         use_threads(cfg.threads)
-        if cfg.name == "cpu":
+        if cfg.name == "cpu" or cfg.simulated:
             return torch.device("cpu")
         if not torch.cuda.is_available():
             raise ConfigError("device.name", "cuda was asked for but no CUDA device is available (use device=cpu)")

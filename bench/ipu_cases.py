@@ -27,10 +27,9 @@ from dataclasses import dataclass
 from hydra import compose, initialize_config_module
 from omegaconf import OmegaConf
 
-from backends.ipu_sim import simulator
 from configs.checks import ConfigError
 from configs.schema import Config, batch_shape, register, validate
-from projection.ipu import cost
+from projection.ipu import cost, simulator
 from projection.ipu.cost import Constants
 
 

@@ -26,7 +26,7 @@ harness's bf16 run natively (precision.emulate=never) against it emulated (alway
 default there must be the faster. With AVX2 alone oneDNN's bf16 is reference code, too slow to time here.
 
 The ipu_sim row (--ipu-replicas R, 0 leaves it out) compares the simulated IPU's step with the native one at the
-same numerics, in fp32: backends.ipu_sim.IpuSimBackend with R virtual replicas (BatchNorm per replica, each with
+same numerics, in fp32: projection.ipu.backend.IpuSimBackend with R virtual replicas (BatchNorm per replica, each with
 its own running statistics, and the simulated clock) against NativeBackend accumulating R micro-batches: both run
 R forward and backward passes of batch/R images and one update, so what differs is the simulation's bookkeeping.
 
@@ -60,10 +60,10 @@ from torch import nn
 from torch.func import functional_call
 
 from backends.base import StepSettings
-from backends.ipu_sim.backend import IpuSimBackend
 from backends.native import NativeBackend
 from models import batchnorm, build_resnet50
 from optim.precision import Policy, emulates
+from projection.ipu.backend import IpuSimBackend
 
 CLASSES = 1000
 LR = 0.01

@@ -7,7 +7,7 @@ Both steps run on the CPU under torch.profiler (https://pytorch.org/docs/stable/
 `torch.profiler.profile(activities=[ProfilerActivity.CPU], record_shapes=True, profile_memory=True)`), on the same
 random batch, after `warmup` untimed steps (the first creates the momentum buffers):
 
-  harness  bench.gpu.step.harness(): backends.build.from_config on the composed config with device=cpu and
+  harness  bench.gpu.step.harness(): projection.families.build_backend on the composed config with device=cpu and
            bench.gpu.step.EAGER (precision=bf16 device.compile=false device.cuda_graphs=false: the eager bf16 step),
            the config's optimizer (LARS), the uint8 NHWC batch normalised inside the model. precision.emulate=never:
            natively in bf16, on the same dtype path as the plain loop's autocast (the harness's default on a CPU

@@ -99,7 +99,7 @@ class Progress:
 
 
 class SimulatedClock(Protocol):
-    """A simulated system's clock (backends/ipu_sim/clock.py), as a run's lines show it beside the host's."""
+    """A simulated system's clock (its backend's `simulated_clock`), as a run's lines show it beside the host's."""
 
     @property
     def system(self) -> str: ...

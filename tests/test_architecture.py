@@ -86,15 +86,15 @@ def floors(page: str) -> dict[str, int]:
 
 
 def room_of(module: str, floors: dict[str, int]) -> str:
-    """A module's room: its top-level module (`train.py`) or package (`backends/` for backends.ipu_sim.partition)."""
+    """A module's room: its top-level module (`train.py`) or package (`backends/` for projection.ipu.partition)."""
     top = module.split(".")[0]
     return f"{top}.py" if f"{top}.py" in floors else f"{top}/"
 
 
 def config_module(module: str) -> bool:
-    """A component's section of the configuration, `<room>/config.py`, or a family's device section
-    (configs/device/): the modules any room may import."""
-    return (module.count(".") == 1 and module.endswith(".config")) or module.startswith("configs.device.")
+    """A component's section of the configuration, `<room>/config.py` (a family's: `projection/<family>/config.py`),
+    or the device sections' registry and base (configs/device/): the modules any room may import."""
+    return module.endswith(".config") or module.startswith("configs.device.")
 
 
 def imports_not_down(graph: dict[str, set[str]], floors: dict[str, int]) -> list[str]:

@@ -11,9 +11,7 @@ from torch._dynamo.utils import counters
 from backends import build
 from backends.base import Backend, BackendSection, StepSettings
 from backends.build import facts_on
-from backends.families import FAMILIES
 from backends.graphs import why_not_captured
-from backends.ipu_sim.backend import IpuSimBackend
 from backends.native import NativeBackend, norm_layer
 from configs.checks import ConfigError
 from configs.device.sections import SECTIONS
@@ -23,13 +21,15 @@ from distributed.batchnorm import DistributedBatchNorm2d
 from optim.lars import LARS
 from optim.params import param_groups
 from optim.precision import Policy, PrecisionConfig
+from projection import families
+from projection.ipu.backend import IpuSimBackend
 from tests.conftest import composed, config_error
 from tests.test_precision import TinyNet
 
 
 def built_from(cfg: Config, classes: int = 4) -> Backend:
     """The backend train.py builds from `cfg` on one rank."""
-    return build.from_config(cfg, build.run_facts(cfg, Topology(), batch_shape(cfg, 1)), classes)
+    return families.build_backend(cfg, build.run_facts(cfg, Topology(), batch_shape(cfg, 1)), classes)
 
 
 def section_of(cfg: Config, world_size: int = 1) -> BackendSection:
@@ -37,14 +37,14 @@ def section_of(cfg: Config, world_size: int = 1) -> BackendSection:
     return build.section_of(cfg, build.run_facts(cfg, Topology(world_size=world_size), batch_shape(cfg, world_size)))
 
 
-def test_every_device_section_has_a_family_and_each_family_runs_or_is_projected():
-    assert set(FAMILIES) == set(SECTIONS)
-    for name, family in FAMILIES.items():
-        section = SECTIONS[name]
+def test_every_device_section_names_a_family_and_each_family_runs_or_is_projected():
+    built = set()
+    for name, section in SECTIONS.items():
+        family = families.family_of(Config(device=section(name=name)))
         assert (family.build is not None) == (section().only_projected() is None), name
         assert (family.project is not None) == section.projected, name
-    projected_only = {name for name, family in FAMILIES.items() if family.build is None}
-    assert projected_only == {"gpu_cluster"}  # run.mode=train refuses it
+        built |= {name} if family.build else set()
+    assert set(SECTIONS) - built == {"gpu_cluster"}  # run.mode=train refuses it
 
 
 def test_the_policy_has_the_config_schemas_defaults():
@@ -192,7 +192,7 @@ def test_batchnorm_spans_the_configured_group_of_ranks():
 def test_a_simulated_ipu_backend_takes_its_ranks_share_of_the_replicas():
     overrides = ("device=ipu_pod16", "device.replicas=4", "data.global_batch=16", "dist.bn_group_size=2")
     cfg = composed(*overrides, world_size=2)
-    backend = build.from_config(cfg, build.run_facts(cfg, Topology(rank=1, world_size=2), batch_shape(cfg, 2)), 4)
+    backend = families.build_backend(cfg, build.run_facts(cfg, Topology(rank=1, world_size=2), batch_shape(cfg, 2)), 4)
     assert type(backend) is IpuSimBackend and backend.device == torch.device("cpu")
     assert (backend.replicas, backend.bn_group) == (2, 2)
     assert backend.clock.step_s > 0  # timed by the cost model once the memory plan fits

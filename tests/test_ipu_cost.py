@@ -8,8 +8,8 @@ import re
 
 import pytest
 
-from hardware.ipu import System
 from projection.ipu import calibrate, cost
+from projection.ipu.config import System
 from projection.ipu.cost import Constants, RunShape, ring_allreduce_s, step_time
 from projection.profile import ModelProfile
 from projection.run import Schedule

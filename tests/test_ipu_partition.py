@@ -9,10 +9,10 @@ import itertools
 import pytest
 
 import models
-from backends.ipu_sim import partition, pipeline, simulator
 from configs.checks import ConfigError
 from configs.schema import batch_shape
 from project import listed_cuts
+from projection.ipu import partition, pipeline, simulator
 from projection.ipu.memory import MB
 from projection.ipu.plan import Layout, Plan, plan_run
 from tests.conftest import composed, config_error

@@ -11,11 +11,11 @@ import torch
 from torch import nn
 
 from backends.base import StepSettings
-from backends.ipu_sim.backend import IpuSimBackend
-from backends.ipu_sim.pipeline import Event, Pipeline, schedule
 from models.resnet import ResNet50, batchnorm, build_resnet50
 from optim.precision import Policy
+from projection.ipu.backend import IpuSimBackend
 from projection.ipu.memory import in_flight
+from projection.ipu.pipeline import Event, Pipeline, schedule
 
 REPLICAS, MICRO, STEPS = 2, 2, 3
 

@@ -12,18 +12,17 @@ import torch
 from torch import nn
 
 from backends.base import StepSettings
-from backends.ipu_sim import simulator
-from backends.ipu_sim.backend import IpuSimBackend
-from backends.ipu_sim.clock import DeviceClock
 from configs.checks import ConfigError
 from configs.schema import Config, batch_shape, validate
 from mlperf_logs.logger import MLPerfLogger
 from monitor.metrics import EpochMetrics
 from monitor.progress import Simulated, epoch_line, print_summary
 from project import project, subject
-from projection.ipu import cost, report
+from projection.ipu import cost, report, simulator
 from projection.ipu.assumptions import ASSUMPTIONS
+from projection.ipu.backend import IpuSimBackend
 from projection.ipu.calibrate import POD64
+from projection.ipu.clock import DeviceClock
 from projection.run import Schedule
 from tests.conftest import assert_compliant, chosen_experiment, composed, mllog_events, record_margin, run_train
 from tests.systems import system

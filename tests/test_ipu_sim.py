@@ -9,13 +9,13 @@ import torch
 from torch import nn
 
 from backends.base import StepSettings
-from backends.ipu_sim.backend import IpuSimBackend
 from backends.native import NativeBackend
 from configs.checks import ConfigError
-from configs.device.ipu import IpuSimConfig
 from configs.schema import Config, validate
 from distributed.batchnorm import DistributedBatchNorm2d
 from optim.precision import Policy
+from projection.ipu.backend import IpuSimBackend
+from projection.ipu.config import IpuSimConfig
 from tests.ranks import run_ranks
 from tests.systems import system
 

@@ -32,6 +32,7 @@ from configs.schema import Config, batch_shape
 from data.build import make_loader, open_splits
 from data.datasets import IMAGENET_EVAL_IMAGES, IMAGENET_TRAIN_IMAGES
 from distributed import Topology
+from projection import families
 
 # ImageNet's most common sizes (width x height), with qualities spread over the 75 to 95 its files were saved at.
 MIX = (((500, 375), 90), ((375, 500), 85), ((500, 333), 95), ((500, 500), 80), ((640, 480), 75))
@@ -135,7 +136,7 @@ def e2e(args: argparse.Namespace, sizes: stage.Sizes) -> stage.Figures:
     facts = build.run_facts(cfg, Topology(), batch_shape(cfg, world_size=1))
     train, _ = open_splits(cfg.data, Topology())
     batches = endless(make_loader(cfg.data, train, facts, seed=cfg.run.seed, train=True))
-    backend = build.from_config(cfg, facts, CLASSES)
+    backend = families.build_backend(cfg, facts, CLASSES)
     lr = cfg.optim.base_lr / 100
 
     def step() -> object:

@@ -7,8 +7,9 @@ timed ones), with its peak GPU memory:
                  torch.optim.SGD(fused=True, momentum 0.9): no harness code, the input a normalised float batch
   bare_compiled  the same loop with the model through torch.compile: what any PyTorch 2 user writes, the peer of
                  a compiled harness
-  base, +OPTION  the harness (backends.native through backends.build.from_config: LARS, the uint8 NHWC batch normalised
-                 inside the model) in bf16 with every speed option of the config off, then each one on alone
+  base, +OPTION  the harness (backends.native through projection.families.build_backend: LARS, the uint8 NHWC
+                 batch normalised inside the model) in bf16 with every speed option of the config off, then each one
+                 on alone
                  (SPEED_OPTIONS below: the set grows as options are added)
   best           bf16 with every option that beat base on together (the e2e stage's step), and its eval rate
   defaults       the harness as `device=cuda` gives it (bf16), where that differs from best
@@ -48,6 +49,7 @@ from bench.gpu import stage
 from configs.schema import batch_shape
 from distributed import Topology
 from models.resnet import MEAN_RGB, STD_RGB, random_batch
+from projection import families
 
 # The config's options for speed on a native device, as dotted keys: this check times the step with all of
 # them off, then with each one on alone. An option added for speed joins this list.
@@ -94,7 +96,7 @@ def plain_loop(model: torch.nn.Module, images: torch.Tensor, labels: torch.Tenso
 def harness(overrides: list[str], sizes: stage.Sizes, images: torch.Tensor, labels: torch.Tensor) -> tuple[Step, Step]:
     """The harness's train step and eval step, built from the config as train.py builds them."""
     cfg = stage.composed([f"device={images.device.type}", *shape(sizes), *overrides])
-    backend = build.from_config(cfg, build.run_facts(cfg, Topology(), batch_shape(cfg, world_size=1)), CLASSES)
+    backend = families.build_backend(cfg, build.run_facts(cfg, Topology(), batch_shape(cfg, world_size=1)), CLASSES)
     lr = cfg.optim.base_lr / 100  # small enough to stay finite
     return (lambda: backend.train_step(images, labels, lr)), (lambda: backend.eval_step(images, labels))
 

@@ -1,7 +1,7 @@
 """The device section every family's section extends: the name that picks where a run's steps execute, and the
 questions the config's checks, the run's start and the MLPerf package ask of a device, answered here for a device
 that runs the steps itself (the host's CPU or GPU). Each family's section (configs/device/sections.py lists them)
-adds its own keys and answers for its kind of device."""
+adds its own keys and answers for its kind of device, and names its family's code."""
 
 from __future__ import annotations
 
@@ -13,13 +13,15 @@ from configs.shape import BatchShape
 
 @dataclass
 class DeviceConfig:
-    name: str = "cpu"  # picks the section (configs/device/sections.py) and the backend (backends/families.py)
+    name: str = "cpu"  # picks the section (configs/device/sections.py), and with it the family
 
     schema: ClassVar[str] = ""  # the section's name in Hydra's config store, which a device option's defaults name
     needs: ClassVar[str] = ""  # what a device option of this section gives, as a refusal names it
     simulated: ClassVar[bool] = False  # a simulated clock times its steps (mlperf.clock=device may log it)
     projected: ClassVar[bool] = False  # run.mode=project times a run on it
     dealt_to: ClassVar[str] = "ranks"  # what the global batch is dealt to, as its check names them
+    family: ClassVar[str] = "projection.families.NATIVE"  # the family's code (projection/families.py's Family), by
+    # its dotted path: a config module may not import it
 
     def validate(self, bn_group_size: int, shape: BatchShape) -> None:
         """Check the section's own keys; raise ConfigError for the first one that is wrong."""

@@ -1,5 +1,7 @@
-"""Every family's device section, by the device.name its options give: the registry the config's checks, the run's
-start and the MLPerf package reach a device's section through. A new family adds its section here."""
+"""The registry of hardware families: each family's device section, by the device.name its options give. The
+config's checks, the MLPerf package and, through the section's `family`, the run's start and run.mode=project reach
+a family here; a new family adds its line. The sections are their families' config modules (projection/<family>/
+config.py), which any room may import."""
 
 from __future__ import annotations
 
@@ -10,9 +12,9 @@ from omegaconf import OmegaConf
 
 from configs.checks import ConfigError, one_of
 from configs.device.base import DeviceConfig
-from configs.device.cluster import ClusterConfig
-from configs.device.ipu import IpuSimConfig
 from configs.device.native import NativeConfig
+from projection.gpu.config import ClusterConfig
+from projection.ipu.config import IpuSimConfig
 
 SECTIONS: dict[str, type[DeviceConfig]] = {
     "cpu": NativeConfig,

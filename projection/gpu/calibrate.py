@@ -36,12 +36,11 @@ from functools import cache, cached_property
 
 import numpy as np
 
-from configs.device.cluster import ClusterConfig
-from hardware.gpu import Cluster
 from models import batchnorm, build_resnet50
 from projection import calibration
 from projection.calibration import Columns, device_section, half_widths
 from projection.gpu import cost
+from projection.gpu.config import Cluster, ClusterConfig
 from projection.gpu.cost import Constants, Layout, Projection
 from projection.probe import profile_model
 from projection.profile import ModelProfile

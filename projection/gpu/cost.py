@@ -22,7 +22,7 @@ import math
 from dataclasses import dataclass
 from functools import cache
 
-from hardware.gpu import Cluster
+from projection.gpu.config import Cluster
 from projection.profile import ModelProfile
 from projection.run import Schedule
 

@@ -7,10 +7,10 @@ from __future__ import annotations
 import dataclasses
 import json
 
-from hardware.gpu import Cluster
 from projection import convergence, uncertainty
 from projection.convergence import Epochs
 from projection.gpu import calibrate
+from projection.gpu.config import Cluster
 from projection.gpu.cost import Constants, Layout, MeasuredStep, Projection, project
 from projection.gpu.measured import Check
 from projection.run import Schedule

@@ -31,12 +31,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache, cached_property
 
-from configs.device.ipu import IpuSimConfig
-from hardware.ipu import System
 from models import batchnorm, build_resnet50
 from projection import calibration
 from projection.calibration import Columns, device_section, half_widths
 from projection.ipu.assumptions import ASSUMPTIONS
+from projection.ipu.config import IpuSimConfig, System
 from projection.ipu.cost import (
     Constants,
     Projection,

@@ -16,7 +16,7 @@ import math
 import statistics
 from dataclasses import dataclass
 
-from hardware.ipu import MLPERF_ROUNDS, System
+from projection.ipu.config import MLPERF_ROUNDS, System
 from projection.profile import ModelProfile, StageProfile
 from projection.run import Schedule
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hardware.ipu import OPTIMIZER_STATES, Chip
+from projection.ipu.config import OPTIMIZER_STATES, Chip
 from projection.profile import ModelProfile
 
 # Code, vertex state, exchange buffers and control programs are invisible from PyTorch: an assumed constant, not a

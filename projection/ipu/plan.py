@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from torch import nn
 
 from data.datasets import IMAGENET_TRAIN_IMAGES
-from hardware.ipu import Chip
+from projection.ipu.config import Chip
 from projection.ipu.cost import RunShape, updates_per_host_call
 from projection.ipu.memory import MemoryPlan, plan_memory
 from projection.probe import profile_model

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import json
 
-from hardware.ipu import System
 from projection import convergence, uncertainty
 from projection.ipu import calibrate, cost
 from projection.ipu.assumptions import ASSUMPTIONS
+from projection.ipu.config import System
 from projection.ipu.cost import Constants, Projection
 from projection.ipu.plan import Plan
 from projection.run import Schedule

@@ -1,5 +1,7 @@
-"""A GPU cluster's section (configs/device/dgx_*.yaml, pcie_l40s.yaml): the nodes that run.mode=project projects a
-run onto, and how many of them and of their GPUs it uses."""
+"""A GPU cluster as data and as a device section: the figures the GPU projection reads (configs/device/dgx_*.yaml,
+pcie_l40s.yaml and their GPU in configs/device/gpu/, each with its public source there), and the section that says
+how many nodes and GPUs run.mode=project projects a run onto. Like the IPU systems' dataclasses, no defaults: a
+figure comes from the data or nowhere. Rates are per second, sizes in bytes, bandwidths one direction."""
 
 from __future__ import annotations
 
@@ -9,7 +11,27 @@ from typing import ClassVar
 from configs.checks import ConfigError, positive, require
 from configs.device.base import DeviceConfig
 from configs.shape import BatchShape
-from hardware.gpu import Cluster
+
+
+@dataclass
+class Gpu:
+    name: str
+    clock_hz: float  # boost clock
+    fp16_flops: float  # dense fp16/bf16 tensor-core peak with fp32 accumulation (no sparsity)
+    memory_bandwidth: float  # HBM or GDDR
+    memory_bytes: float
+    nvlink_bandwidth: float  # to the node's other GPUs through NVSwitch; 0 where the GPUs meet over PCIe only
+    pcie_bandwidth: float  # the GPU's host link
+
+
+@dataclass
+class Cluster:
+    name: str
+    gpu: Gpu
+    max_gpus_per_node: int
+    fabric_bandwidth: float  # one GPU's share of its node's InfiniBand HCAs
+    in_network_reduction: bool  # the fabric's switches can reduce (NVIDIA SHARP on Quantum InfiniBand)
+    host_cores: int  # per node, decoding and feeding its GPUs
 
 
 @dataclass
@@ -23,6 +45,7 @@ class ClusterConfig(DeviceConfig):
     schema: ClassVar[str] = "gpu_cluster"
     needs: ClassVar[str] = "a cluster: device=dgx_a100, dgx_h100, dgx_h200 or pcie_l40s"
     projected: ClassVar[bool] = True
+    family: ClassVar[str] = "projection.gpu.family.FAMILY"
     dealt_to: ClassVar[str] = "GPUs"
 
     @property

@@ -18,9 +18,8 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from backends.ipu_sim import pipeline
-from hardware.ipu import System
-from projection.ipu import cost
+from projection.ipu import cost, pipeline
+from projection.ipu.config import System
 from projection.ipu.cost import Constants, RunShape
 from projection.ipu.memory import MemoryPlan, in_flight
 from projection.ipu.plan import Layout, memory_plan, plan_run

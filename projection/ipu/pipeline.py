@@ -30,7 +30,7 @@ import torch
 from torch import fx, nn
 
 from backends.native import Pass
-from configs.device.ipu import pipeline_short_of_micro_batches
+from projection.ipu.config import pipeline_short_of_micro_batches
 
 Forward = Callable[[nn.Module, torch.Tensor], torch.Tensor]  # a stage's forward under the precision policy
 Objective = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (logits, labels) -> loss, its backward run

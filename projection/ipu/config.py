@@ -1,7 +1,13 @@
-"""A simulated IPU system's section (configs/device/ipu_pod*.yaml, bow_pod*.yaml): the system, and how a run is
-laid out on it, in the names of Graphcore's PopTorch documentation. Its steps run on the host, so the native speed
-options that apply there apply to it too. The layout rules are stated once here: the config's check names the key,
-the simulated backend (built directly, as tests do) raises ValueError with the same words."""
+"""IPU chips and systems as data, and a simulated IPU system's device section.
+
+The chips' and systems' values live in configs/device/ (chip/<name>.yaml and one file per system), with their
+sources; these dataclasses are their typed shape (no defaults: a figure comes from the data or nowhere), which the
+simulator (simulator.py) and the models that time it (cost.py, memory.py) read. Rates are per second, sizes in bytes.
+
+The section (configs/device/ipu_pod*.yaml, bow_pod*.yaml) holds the system, and how a run is laid out on it, in the
+names of Graphcore's PopTorch documentation. Its steps run on the host, so the native speed options that apply there
+apply to it too. The layout rules are stated once here: the config's check names the key, the simulated backend
+(built directly, as tests do) raises ValueError with the same words."""
 
 from __future__ import annotations
 
@@ -11,7 +17,38 @@ from typing import Any, ClassVar
 from configs.checks import ConfigError, one_of, positive, require
 from configs.device.native import NativeConfig
 from configs.shape import BatchShape
-from hardware.ipu import MLPERF_ROUNDS, OPTIMIZER_STATES, System
+
+OPTIMIZER_STATES = ("on_chip", "streaming")  # where a run keeps optimizer state: in SRAM, or in streaming memory
+MLPERF_ROUNDS = ("v1.1", "v2.0")  # whose Graphcore train.py runs around the steps (cost.py ROUNDS)
+
+
+@dataclass
+class Chip:
+    name: str
+    tiles: int
+    clock_hz: float
+    fp16_flops: float  # peak FLOP/s, fp16 in with fp16/fp32 accumulation
+    fp32_flops: float
+    sram_bytes: float  # In-Processor-Memory per IPU
+    sram_bandwidth: float  # bytes/s within the IPU
+    link_bandwidth: float  # bytes/s over the IPU's IPU-Links, all links together
+    streaming_memory_bytes: float  # off-chip DDR per IPU
+    streaming_bandwidth: float  # bytes/s between the IPU and its streaming memory
+    host_link_bandwidth: float  # bytes/s from the host, per IPU
+    ipus_per_machine: int  # IPUs in one IPU-M2000 or Bow-2000, sharing its IPU-Gateway
+    gateway_bandwidth: float  # bytes/s of one machine's GW-Links to other POD64s, shared by its IPUs
+    ipus_per_pod: int  # IPUs that IPU-Links join (a POD64); larger systems join POD64s through the gateways
+
+
+@dataclass
+class System:
+    name: str
+    chip: Chip
+    ipus: int
+    hosts: int
+    host_cores: int  # CPU cores over all hosts, feeding the loader
+    mlperf_round: str  # one of MLPERF_ROUNDS: v1.1 (IPU-POD) or v2.0 (Bow Pod)
+
 
 SPLIT_CHOICES = ("auto", "list")  # device.pipeline_splits' words, besides a list of module names
 PIPELINE_MODES = ("pipelined", "sharded")  # how the stages of a model cut over several IPUs take turns
@@ -38,6 +75,7 @@ class IpuSimConfig(NativeConfig):
     needs: ClassVar[str] = "a system: device=ipu_pod16, ipu_pod64, ..."
     simulated: ClassVar[bool] = True
     projected: ClassVar[bool] = True
+    family: ClassVar[str] = "projection.ipu.family.FAMILY"
     dealt_to: ClassVar[str] = "replicas"
 
     @property

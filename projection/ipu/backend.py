@@ -22,11 +22,10 @@ from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from backends.base import BackendSection, RunFacts, StepSettings
-from backends.ipu_sim.clock import DeviceClock
-from backends.ipu_sim.pipeline import Pipeline
-from backends.native import NativeBackend, Pass, optimizer_for, use_threads
-from configs.device.ipu import IpuSimConfig, bn_groups_misfit, pipeline_short_of_micro_batches
-from configs.device.native import NativeConfig
+from backends.native import NativeBackend, Pass, optimizer_for
+from projection.ipu.clock import DeviceClock
+from projection.ipu.config import IpuSimConfig, bn_groups_misfit, pipeline_short_of_micro_batches
+from projection.ipu.pipeline import Pipeline
 
 
 class IpuSimBackend(NativeBackend):
@@ -75,12 +74,6 @@ class IpuSimBackend(NativeBackend):
         groups = replicas // bn_group  # one group (or no BatchNorm) keeps the model's own statistics: no swaps
         swapped = groups > 1 and self.running_stats
         self.group_stats = [[s.clone() for s in self.running_stats] for _ in range(groups)] if swapped else []
-
-    @staticmethod
-    def select_device(cfg: NativeConfig, local_rank: int) -> torch.device:
-        """The host: the simulated IPUs run there."""
-        use_threads(cfg.threads)
-        return torch.device("cpu")
 
     def train_step(self, images: torch.Tensor, labels: torch.Tensor, lr: float) -> torch.Tensor:
         self.clock.step()

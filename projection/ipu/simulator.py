@@ -8,16 +8,14 @@ from __future__ import annotations
 from torch import nn
 
 from backends.base import BackendSection, RunFacts
-from backends.ipu_sim import partition, pipeline
-from backends.ipu_sim.backend import IpuSimBackend, build_ipu_sim
-from backends.ipu_sim.clock import DeviceClock
 from configs.checks import ConfigError
-from configs.device.ipu import IpuSimConfig
 from configs.schema import Config
 from configs.shape import BatchShape
-from hardware.ipu import System
 from models import batchnorm, build_resnet50
-from projection.ipu import cost
+from projection.ipu import cost, partition, pipeline
+from projection.ipu.backend import IpuSimBackend, build_ipu_sim
+from projection.ipu.clock import DeviceClock
+from projection.ipu.config import IpuSimConfig, System
 from projection.ipu.cost import Constants
 from projection.ipu.memory import OutOfMemory
 from projection.ipu.plan import Layout, Plan, plan_run
