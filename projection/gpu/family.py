@@ -8,10 +8,10 @@ from configs.schema import Config
 from configs.shape import BatchShape
 from projection.convergence import Epochs
 from projection.families import Family
+from projection.gpu import report
 from projection.gpu.config import ClusterConfig
 from projection.gpu.cost import Layout
 from projection.gpu.measured import read_check
-from projection.gpu.report import projection_report
 from projection.run import Schedule
 
 
@@ -25,7 +25,7 @@ def project(
     layout = Layout(device.nodes, device.gpus_per_node, shape.micro_batch * shape.grad_accum)
     trained = epochs()
     check = None if device.measured is None else read_check(device.measured)
-    return projection_report(device.chosen_cluster, layout, schedule_of(trained.count), trained, check)
+    return report.text(device.chosen_cluster, layout, schedule_of(trained.count), trained, check)
 
 
 FAMILY = Family(None, project)

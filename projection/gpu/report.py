@@ -17,7 +17,7 @@ from projection.run import Schedule
 from projection.uncertainty import Interval
 
 
-def projection_report(
+def text(
     cluster: Cluster,
     layout: Layout,
     schedule: Schedule,

@@ -19,7 +19,7 @@ def project(
     epoch and time to train for run.max_epochs (the mlperf_pod* recipes give the epochs Graphcore's runs took)."""
     plan = simulator.plan(cfg, shape, simulator.build_model(cfg, classes))
     system = simulator.section(cfg).chosen_system
-    return report.project(plan, system, schedule_of(cfg.run.max_epochs), cfg.data.global_batch)
+    return report.text(plan, system, schedule_of(cfg.run.max_epochs), cfg.data.global_batch)
 
 
 FAMILY = Family(simulator.build_backend, project, simulator.listed_cuts)

@@ -16,7 +16,7 @@ from projection.run import Schedule
 from projection.uncertainty import Interval
 
 
-def project(planned: Plan, system: System, schedule: Schedule, global_batch: int) -> str:
+def text(planned: Plan, system: System, schedule: Schedule, global_batch: int) -> str:
     """The system's memory plan, the step time by component, and the projected epoch and time-to-train, with the
     range the assumed constants allow, each corner refitted to the in-sample results as the central value is, and
     how far the run reaches beyond them; last, one JSON line."""
