@@ -86,7 +86,7 @@ def floors(page: str) -> dict[str, int]:
 
 
 def room_of(module: str, floors: dict[str, int]) -> str:
-    """A module's room: its top-level module (`train.py`) or package (`backends/` for projection.ipu.partition)."""
+    """A module's room: its top-level module (`train.py`) or package (`projection/` for projection.ipu.partition)."""
     top = module.split(".")[0]
     return f"{top}.py" if f"{top}.py" in floors else f"{top}/"
 
