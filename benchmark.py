@@ -35,6 +35,6 @@ def benchmark(cfg: Config, facts: RunFacts) -> None:
     batches = f"batch {cfg.data.global_batch}" + (f" ({topology.world_size} ranks)" if topology.distributed else "")
     print(f"precision {policy.describe()}")
     print(f"{cfg.run.benchmark_steps} steps of {batches} at {size} px on {device}: {images_per_s:.1f} img/s")
-    figures = {"img_s": round(images_per_s, 2), "precision": cfg.precision.name, "batch": cfg.data.global_batch}
+    figures = {"img_s": round(images_per_s, 2), "precision": policy.name, "batch": cfg.data.global_batch}
     figures |= {"ranks": topology.world_size, "image_size": size, "optimizer": cfg.optim.name}
     print(json.dumps({**figures, "device": str(device)}))

@@ -238,7 +238,8 @@ def log_new_skips(run: Run, epoch: int) -> None:
 
 def train_epoch(run: Run, progress: Progress) -> tuple[float, float]:
     """Epoch `loop.epoch` from where it stands (its start, or where a stopped run left it), with a chance to stop
-    after each step; returns the epoch's mean loss over the ranks (one host sync per epoch) and its last lr.
+    after each host call of the backend's steps (each step, where they run here); returns the epoch's mean loss over
+    the ranks (one host sync per epoch) and its last lr.
 
     Updates that loss scaling skipped (non-finite loss or gradients) are left out of the mean; an epoch with no
     finite loss raises NonFiniteLoss, as loss scaling does after too many skips in a row.
@@ -246,6 +247,7 @@ def train_epoch(run: Run, progress: Progress) -> tuple[float, float]:
     loop, backend, schedule = run.loop, run.backend, run.schedule
     run.train_loader.set_epoch(loop.epoch, first_batch=loop.epoch_step)
     progress.start_epoch(loop.epoch, loop.epoch_step + len(run.train_loader), done=loop.epoch_step)
+    due = False  # a checkpoint came due (run.checkpoint_every_steps) in the call under way
     for images, labels in run.train_loader:
         lr = schedule(loop.step)
         distributed.record_step(loop.step + 1)
@@ -253,16 +255,27 @@ def train_epoch(run: Run, progress: Progress) -> tuple[float, float]:
         loop.step += 1
         loop.epoch_step += 1
         loop.losses.append(loss)
+        due = due or run.checkpoints.due_within_epoch(loop, run.steps_per_epoch)
+        if not call_ends(loop.epoch_step, backend.steps_per_call, run.steps_per_epoch):
+            continue  # the device runs on through the call's steps, without the host
+        backend.end_call()
         progress.step(loop.epoch_step, loss, lr)
         stop_if_requested(run)
-        if run.checkpoints.due_within_epoch(loop, run.steps_per_epoch):
+        if due and loop.epoch_step < run.steps_per_epoch:  # the epoch's end saves its last step
             save(run)
+        due = False
     losses = torch.stack(loop.losses)
     finite = losses[torch.isfinite(losses)]
     mean = distributed.mean_over_ranks(float(finite.mean()) if len(finite) else math.inf)
     if not math.isfinite(mean):
         raise NonFiniteLoss(f"the training loss is {mean}")
     return mean, schedule(loop.step - 1)
+
+
+def call_ends(epoch_step: int, steps_per_call: int | None, steps_per_epoch: int) -> bool:
+    """Whether the host's call of the device ends after the epoch's `epoch_step`-th step: every `steps_per_call`
+    steps of the epoch (None: the whole epoch), and at the epoch's end, which ends the call under way."""
+    return epoch_step == steps_per_epoch or (steps_per_call is not None and epoch_step % steps_per_call == 0)
 
 
 def stop_if_requested(run: Run) -> None:

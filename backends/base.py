@@ -92,6 +92,18 @@ class Backend(Protocol):
         """One weight update at learning rate `lr`; returns the mean training loss."""
         ...
 
+    @property
+    def steps_per_call(self) -> int | None:
+        """The steps the host hands the device in one call (None: the whole epoch), which the device takes without
+        it: the loop shows progress, stops and checkpoints between calls, and at an epoch's end, which ends a call.
+        1 where the steps run here."""
+        ...
+
+    def end_call(self) -> None:
+        """The call under way ends after this step: the loop says so at each call's end, which at an epoch's last
+        step may come before steps_per_call is up."""
+        ...
+
     def end_epoch(self) -> None:
         """Called on every rank after each training epoch: the ranks' copies of the model become identical
         (e.g. BatchNorm running statistics averaged), ready for evaluation and checkpoints."""

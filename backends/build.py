@@ -22,8 +22,9 @@ def run_facts(cfg: Config, topology: Topology, shape: BatchShape) -> RunFacts:
 
 
 def facts_on(cfg: Config, topology: Topology, device: torch.device, shape: BatchShape) -> RunFacts:
-    """The run's facts with its steps on `device` (run_facts picks it; a test may name a GPU that is not there)."""
-    return RunFacts(topology, device, Policy.for_device(cfg.precision, device.type), shape)
+    """The run's facts with its steps on `device` (run_facts picks it; a test may name a GPU that is not there), in
+    the precision its device section computes."""
+    return RunFacts(topology, device, Policy.for_device(cfg.device.computes(cfg.precision), device.type), shape)
 
 
 def native_section(cfg: Config) -> NativeConfig:

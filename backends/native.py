@@ -184,6 +184,13 @@ class NativeBackend:
         chunks = zip(images.chunk(self.grad_accum), labels.chunk(self.grad_accum), strict=True)
         return [(x, y, contextlib.nullcontext()) for x, y in chunks]
 
+    @property
+    def steps_per_call(self) -> int | None:
+        return 1  # the host runs every step itself
+
+    def end_call(self) -> None:
+        pass
+
     @torch.no_grad()
     def end_epoch(self) -> None:
         """Average the BatchNorm running statistics over the ranks (they differ where BatchNorm groups do not

@@ -102,7 +102,7 @@ def batch_shape(cfg: Config, world_size: int) -> BatchShape:
         world_size,
         cfg.device.replica_count(world_size),
         cfg.dist.grad_accum,
-        cfg.dist.bn_group_size,
+        cfg.device.bn_group_of(cfg.dist.bn_group_size),
     )
 
 
@@ -125,6 +125,7 @@ def validate(cfg: Config, world_size: int = 1) -> BatchShape:
     validate_data(cfg.data, reads_files=cfg.run.mode == "train")
     validate_optim(cfg.optim, cfg.run.max_epochs)
     validate_precision(cfg.precision)
+    cfg.device.computes(cfg.precision)  # a precision the device cannot compute in is refused here
     _validate_dist(cfg.dist, world_size, bn_groups_of_ranks=not cfg.device.simulated)
     shape = batch_shape(cfg, world_size)
     sections.check_section(cfg.device)
@@ -134,7 +135,7 @@ def validate(cfg: Config, world_size: int = 1) -> BatchShape:
     require(
         cfg.mlperf.clock == "wall" or cfg.device.simulated,
         "mlperf.clock",
-        "device time is the simulated IPU's: it needs device=ipu_pod16, ipu_pod64, ...",
+        "device time is a simulated system's: it needs device=ipu_pod16, ipu_pod64, ..., tpu_v4, ...",
     )
     if cfg.mlperf.division == "closed":
         validate_closed_division(cfg.optim, cfg.data.global_batch, cfg.mlperf.target_accuracy)
@@ -142,7 +143,8 @@ def validate(cfg: Config, world_size: int = 1) -> BatchShape:
     require(
         cfg.run.mode != "project" or cfg.device.projected,
         "run.mode",
-        "project times a simulated IPU system or a GPU cluster: add device=ipu_pod16, ..., dgx_h100, ...",
+        "project times a simulated IPU system, a GPU cluster or a TPU slice: add device=ipu_pod16, ..., dgx_h100,"
+        " ..., tpu_v4, ...",
     )
     if cfg.run.mode != "project" and (why := cfg.device.only_projected()) is not None:
         raise ConfigError("device", why)

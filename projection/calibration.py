@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -129,8 +130,8 @@ class Published(Generic[L]):
     schedule: Schedule  # the epochs it trained and where it evaluated
     throughput_img_s: float  # MLPerf's, as the results give it
     time_to_train_min: float  # the olympic mean
-    steady_epoch_s: float  # logs: an epoch past the warm-up and the checkpoints
-    evaluation_s: float  # logs: an evaluation after the first
+    steady_epoch_s: float = math.nan  # logs: an epoch past the warm-up and the checkpoints (nan: not timed apart)
+    evaluation_s: float = math.nan  # logs: an evaluation after the first (nan: not timed apart)
 
 
 @dataclass(frozen=True)

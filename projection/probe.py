@@ -9,8 +9,10 @@ and checkpoint outputs, and each piece's saved bytes and FLOPs say what recomput
 from __future__ import annotations
 
 import copy
+import dataclasses
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from functools import cache
 from itertools import chain, pairwise
 from typing import Any
 
@@ -20,6 +22,7 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 from torchvision.models.resnet import Bottleneck
 
+from models import batchnorm, build_resnet50
 from projection.profile import ModelProfile, StageProfile
 
 # Each layer's forward reads its input and weights and writes its output; its backward reads the saved input,
@@ -269,3 +272,34 @@ def profile_model(
         gradient_tensors=sum(param.grad is not None for param in model.parameters()),
         input_bytes=micro_batch * image_size**2 * 3 * input_bytes_per_pixel,
     )
+
+
+def matmul_rows(model: nn.Module, image_size: int) -> tuple[tuple[int, float], ...]:
+    """Each convolution's and linear layer's output rows per image (its output pixels: the rows of the matrix
+    product it is) and its share of those layers' forward FLOPs, from one forward pass of one image."""
+    flops: dict[int, float] = {}
+
+    def count(module: nn.Module, _: object, output: torch.Tensor) -> None:
+        rows = output[0, 0].numel() if isinstance(module, nn.Conv2d) else 1
+        weight = module.weight
+        assert isinstance(weight, torch.Tensor)
+        per_row = weight.numel()  # a row's multiply-adds: its inputs times its outputs
+        flops[rows] = flops.get(rows, 0.0) + 2.0 * rows * per_row
+
+    probe = copy.deepcopy(model).float().eval()
+    hooks = [m.register_forward_hook(count) for m in probe.modules() if isinstance(m, nn.Conv2d | nn.Linear)]
+    with torch.no_grad():
+        probe(torch.zeros(1, image_size, image_size, 3, dtype=torch.uint8))
+    for hook in hooks:
+        hook.remove()
+    total = sum(flops.values())
+    return tuple((rows, share / total) for rows, share in sorted(flops.items()))
+
+
+@cache
+def resnet50_profile() -> ModelProfile:
+    """ResNet-50 v1.5, one training image of 224 px probed on the host once per process (a few seconds): its FLOPs,
+    traffic, parameters and matrix products' rows, as the GPU and TPU cost models read them."""
+    model = build_resnet50(1000, batchnorm(0.1, 1e-5), channels_last=True)
+    profile = profile_model(model, micro_batch=1, image_size=224)
+    return dataclasses.replace(profile, matmul_rows=matmul_rows(model, 224))

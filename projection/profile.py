@@ -28,6 +28,8 @@ class ModelProfile:
     stages: tuple[StageProfile, ...]
     gradient_tensors: int  # parameters that get a gradient (161 for ResNet-50)
     input_bytes: float  # one micro-batch of images as the host sends them (uint8 when 8-bit input)
+    matmul_rows: tuple[tuple[int, float], ...] = ()  # each convolution's and matmul's output rows (pixels) per image,
+    # with its share of the forward FLOPs: how full a matrix unit's rows are at a batch (the TPU's MXUs)
 
     @property
     def param_count(self) -> int:

@@ -181,6 +181,7 @@ def test_the_schema_composes_config_modules_and_imports_no_implementation():
         "configs.device.base",
         "projection.gpu.config",
         "projection.ipu.config",
+        "projection.tpu.config",
         "configs.device.native",
         "configs.device.sections",
         "configs.fingerprint",

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from configs.shape import BatchShape
+from optim.config import PrecisionConfig
 
 
 @dataclass
@@ -29,6 +30,14 @@ class DeviceConfig:
     def replica_count(self, world_size: int) -> int:
         """Data-parallel replicas: one per rank where the steps run here."""
         return world_size
+
+    def bn_group_of(self, dist_bn_group: int) -> int:
+        """The replicas whose BatchNorm statistics are reduced together: dist.bn_group_size's, or the section's own."""
+        return dist_bn_group
+
+    def computes(self, precision: PrecisionConfig) -> PrecisionConfig:
+        """The precision the device computes a run of `precision` in (a ConfigError where it cannot): as given."""
+        return precision
 
     def only_projected(self) -> str | None:
         """Why a run cannot train on the device (it describes hardware to project onto); None where it can."""

@@ -15,12 +15,14 @@ from configs.device.base import DeviceConfig
 from configs.device.native import NativeConfig
 from projection.gpu.config import ClusterConfig
 from projection.ipu.config import IpuSimConfig
+from projection.tpu.config import TpuSliceConfig
 
 SECTIONS: dict[str, type[DeviceConfig]] = {
     "cpu": NativeConfig,
     "cuda": NativeConfig,
     "ipu_sim": IpuSimConfig,  # a simulated IPU system
     "gpu_cluster": ClusterConfig,  # GPU nodes that run.mode=project projects a run onto
+    "tpu_slice": TpuSliceConfig,  # a TPU slice, simulated and projected
 }
 GROUP = "device_section"  # the config store's group of sections, which each device option's defaults name
 

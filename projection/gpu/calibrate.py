@@ -32,17 +32,16 @@ import argparse
 import dataclasses
 import statistics
 from collections.abc import Sequence
-from functools import cache, cached_property
+from functools import cached_property
 
 import numpy as np
 
-from models import batchnorm, build_resnet50
 from projection import calibration
 from projection.calibration import Columns, device_section, half_widths
 from projection.gpu import cost
 from projection.gpu.config import Cluster, ClusterConfig
 from projection.gpu.cost import Constants, Layout, Projection
-from projection.probe import profile_model
+from projection.probe import resnet50_profile
 from projection.profile import ModelProfile
 from projection.run import Schedule
 from projection.uncertainty import COVERAGE, Assumption, Interval
@@ -119,13 +118,6 @@ ASSUMPTIONS: dict[str, Assumption] = {
         0.032, 5.53, "s", "logs: the first evaluation over a later one (H100 n64 0.03 to one DGX A100 5.5)", True
     ),
 }
-
-
-@cache
-def resnet50_profile() -> ModelProfile:
-    """ResNet-50 v1.5, one training image probed on the host (a few seconds): its FLOPs, traffic and parameters."""
-    model = build_resnet50(1000, batchnorm(0.1, 1e-5), channels_last=True)
-    return profile_model(model, micro_batch=1, image_size=224)
 
 
 def load_cluster(name: str) -> Cluster:

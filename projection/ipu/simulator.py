@@ -8,13 +8,13 @@ from __future__ import annotations
 from torch import nn
 
 from backends.base import BackendSection, RunFacts
+from backends.clock import DeviceClock
 from configs.checks import ConfigError
 from configs.schema import Config
 from configs.shape import BatchShape
 from models import batchnorm, build_resnet50
 from projection.ipu import cost, partition, pipeline
 from projection.ipu.backend import IpuSimBackend, build_ipu_sim
-from projection.ipu.clock import DeviceClock
 from projection.ipu.config import IpuSimConfig, System
 from projection.ipu.cost import Constants
 from projection.ipu.memory import OutOfMemory
