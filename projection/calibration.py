@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import statistics
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -27,6 +28,7 @@ from configs.device.base import DeviceConfig
 from configs.schema import register
 from projection.run import Schedule
 from projection.uncertainty import (
+    COVERAGE,
     FIXED,
     Assumption,
     C,
@@ -371,3 +373,27 @@ def print_calibration(calibration: Calibration[C, P, L]) -> None:
     rows, summary = print_in_sample(calibration)
     summary["leave_one_out"] = print_leave_one_out(calibration)
     print_table_end(rows, calibration.what_throughput_is, summary)
+
+
+def half_width_summary(
+    calibration: Calibration[C, P, L], systems: dict[str, object], spreads: Sequence[Interval[P]]
+) -> dict[str, object]:
+    """Print, under the leave-one-out table, the half-widths from all its errors and the median width of its ranges;
+    the table's JSON from each left-out system's (`systems`)."""
+    found = calibration.evidence
+    throughput, time_to_train = zip(*map(half_widths, spreads), strict=True)
+    medians = {"throughput": statistics.median(throughput), "time_to_train": statistics.median(time_to_train)}
+    print(
+        f"half-widths holding {COVERAGE * 100:.0f} % of a new system's error (Student's t over the"
+        f" {len(spreads)} leave-one-out errors, as many degrees of freedom): throughput"
+        f" {100 * found.throughput:.1f} %, time to train {100 * found.time_to_train:.1f} %"
+    )
+    print(
+        f"median half-width of the leave-one-out ranges above: throughput {100 * medians['throughput']:.1f} %,"
+        f" time to train {100 * medians['time_to_train']:.1f} %"
+    )
+    return {
+        "systems": systems,
+        "half_widths": {"throughput": round(found.throughput, 4), "time_to_train": round(found.time_to_train, 4)},
+        "median_range_half_widths": {name: round(width, 4) for name, width in medians.items()},
+    }

@@ -30,14 +30,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import statistics
 from collections.abc import Sequence
 from functools import cached_property
 
 import numpy as np
 
 from projection import calibration
-from projection.calibration import Columns, device_section, half_widths
+from projection.calibration import Columns, device_section
 from projection.gpu import cost
 from projection.gpu.config import Cluster, ClusterConfig
 from projection.gpu.cost import Constants, Layout, Projection
@@ -240,23 +239,7 @@ class GpuCalibration(calibration.Calibration[Constants, Projection, Layout]):
         self, systems: dict[str, object], spreads: Sequence[Interval[Projection]]
     ) -> dict[str, object]:
         """The half-widths from all five errors, and the median width of the left-out ranges."""
-        found = self.evidence
-        throughput, time_to_train = zip(*map(half_widths, spreads), strict=True)
-        medians = {"throughput": statistics.median(throughput), "time_to_train": statistics.median(time_to_train)}
-        print(
-            f"half-widths holding {COVERAGE * 100:.0f} % of a new system's error (Student's t over the"
-            f" {len(spreads)} leave-one-out errors, as many degrees of freedom): throughput"
-            f" {percent(found.throughput)}, time to train {percent(found.time_to_train)}"
-        )
-        print(
-            f"median half-width of the leave-one-out ranges above: throughput {percent(medians['throughput'])},"
-            f" time to train {percent(medians['time_to_train'])}"
-        )
-        return {
-            "systems": systems,
-            "half_widths": {"throughput": round(found.throughput, 4), "time_to_train": round(found.time_to_train, 4)},
-            "median_range_half_widths": {name: round(width, 4) for name, width in medians.items()},
-        }
+        return calibration.half_width_summary(self, systems, spreads)
 
 
 CALIBRATION = GpuCalibration()  # the fit on the in-sample systems, once per process

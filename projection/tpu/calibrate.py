@@ -38,7 +38,7 @@ import numpy as np
 from scipy.optimize import minimize_scalar
 
 from projection import calibration
-from projection.calibration import Columns, device_section, half_widths
+from projection.calibration import Columns, device_section
 from projection.probe import resnet50_profile
 from projection.profile import ModelProfile
 from projection.run import Schedule
@@ -229,23 +229,7 @@ class TpuCalibration(calibration.Calibration[Constants, Projection, Layout]):
         self, systems: dict[str, object], spreads: Sequence[Interval[Projection]]
     ) -> dict[str, object]:
         """The half-widths from all six errors, and the median width of the left-out ranges."""
-        found = self.evidence
-        throughput, time_to_train = zip(*map(half_widths, spreads), strict=True)
-        medians = {"throughput": statistics.median(throughput), "time_to_train": statistics.median(time_to_train)}
-        print(
-            f"half-widths holding {COVERAGE * 100:.0f} % of a new system's error (Student's t over the"
-            f" {len(spreads)} leave-one-out errors, as many degrees of freedom): throughput"
-            f" {percent(found.throughput)}, time to train {percent(found.time_to_train)}"
-        )
-        print(
-            f"median half-width of the leave-one-out ranges above: throughput {percent(medians['throughput'])},"
-            f" time to train {percent(medians['time_to_train'])}"
-        )
-        return {
-            "systems": systems,
-            "half_widths": {"throughput": round(found.throughput, 4), "time_to_train": round(found.time_to_train, 4)},
-            "median_range_half_widths": {name: round(width, 4) for name, width in medians.items()},
-        }
+        return calibration.half_width_summary(self, systems, spreads)
 
 
 CALIBRATION = TpuCalibration()  # the fit on the in-sample systems, once per process
