@@ -129,10 +129,6 @@ def target_s(published: Published) -> float:
     return published.steady_epoch_s * published.layout.global_batch / published.schedule.train_images
 
 
-def percent(fraction: float) -> str:
-    return f"{100 * fraction:.1f} %"
-
-
 class GpuCalibration(calibration.Calibration[Constants, Projection, Layout]):
     """The GPU cost model's calibration on NVIDIA's five in-sample results: least squares on the steps and the
     evaluations, then the warm-up's centre to the times to train."""

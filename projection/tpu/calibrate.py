@@ -121,10 +121,6 @@ def block_s(published: Published, throughput_img_s: float) -> float:
     return published.schedule.eval_every * published.schedule.train_images / throughput_img_s
 
 
-def percent(fraction: float) -> str:
-    return f"{100 * fraction:.1f} %"
-
-
 class TpuCalibration(calibration.Calibration[Constants, Projection, Layout]):
     """The TPU cost model's calibration on Google's six in-sample results: least squares on the blocks' times, then
     the first epoch's decoding to the times to train."""
