@@ -244,13 +244,14 @@ def test_a_tiny_run_in_device_time_logs_each_host_call_and_its_log_passes_the_ch
     assert abs(stop - start - 1000 * (4 * clock.step_s + 2 * clock.call_s)) <= 1  # two stamps, each to the ms
     platform = next(e["value"] for e in events if e["key"] == "submission_platform")
     assert platform == "v4-8 (4 TPU v4 chips) simulated by rn50perf (device time)"
-    lines = straight.stdout.splitlines()
-    assert lines[1].startswith("precision bf16: compute bf16")
-    assert lines[2].startswith("TPU memory of a replica (a v4 megacore chip): ") and lines[2].endswith("GiB free")
-    assert lines[3] == (
+    lines = straight.stdout.splitlines()  # a CPU without bf16 kernels adds a line saying it emulates them
+    assert any(line.startswith("precision bf16: compute bf16") for line in lines)
+    memory = next(line for line in lines if line.startswith("TPU memory of a replica (a v4 megacore chip): "))
+    assert memory.endswith("GiB free")
+    assert (
         "precision=fp32 on a TPU computes as precision=bf16: bf16 matmuls accumulated in fp32, fp32 master weights"
-    )
-    assert " img/s simulated  data wait" in lines[4]
+    ) in lines
+    assert any(" img/s simulated  data wait" in line for line in lines)
     assert "of simulated time (mlperf.clock=device)\nsimulated v4-8 (4 TPU v4 chips): " in straight.stdout
 
 
