@@ -248,11 +248,32 @@ def profile_model(
     `splits` name the modules at whose first call a new stage begins, `recompute` is "none", "auto" (checkpoints
     at every Bottleneck output) or the checkpoint module names; splits and checkpoints are meant at points where
     the module's input (or output) is the only live activation, as at block boundaries. The caller's model is left
-    untouched: the probe runs a deep copy, in fp32 and training mode."""
+    untouched: the probe runs a deep copy, in fp32 and training mode. A profile depends on the model's layers and
+    which of its weights train, never on their values, so a process probes each architecture and layout once (an
+    IPU projection's run and its calibration probe the same ResNet-50, seconds each)."""
+    layout = (micro_batch, image_size, list(splits), recompute, activation_dtype_bytes, input_bytes_per_pixel)
+    trained = tuple(param.requires_grad for param in model.parameters())
+    key = (repr(model), trained, *(str(setting) for setting in layout))
+    if key not in _PROFILES:
+        _PROFILES[key] = _probed(model, *layout)
+    return _PROFILES[key]
+
+
+_PROFILES: dict[tuple[object, ...], ModelProfile] = {}  # profile_model's, by architecture and layout
+
+
+def _probed(
+    model: nn.Module,
+    micro_batch: int,
+    image_size: int,
+    splits: list[str],
+    recompute: str | Sequence[str],
+    activation_dtype_bytes: int,
+    input_bytes_per_pixel: int,
+) -> ModelProfile:
     model = copy.deepcopy(model).float().train()
     for param in model.parameters():
         param.grad = None
-    splits = list(splits)
     checkpoints = _checkpoints(model, recompute)
     _check_names(model, splits, "split")
     _check_names(model, checkpoints or [], "checkpoint")

@@ -18,7 +18,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from multiprocessing import connection, forkserver
 from multiprocessing.process import BaseProcess
 from pathlib import Path
@@ -101,3 +101,29 @@ def _reap(
             out, err = Path(f"{tmp}/{i}.out").read_text(), Path(f"{tmp}/{i}.err").read_text()
             ended[i] = subprocess.CompletedProcess(commands[i], process.exitcode, out, err)
     return ended
+
+
+def stopped_forked(
+    argv: Sequence[str], env: dict[str, str], ready: Callable[[], bool], signum: int, timeout: float = 300
+) -> subprocess.CompletedProcess[str]:
+    """train.py forked (see above) with `env`, sent `signum` once `ready()` holds (polled every 5 ms); the ended
+    process as subprocess.run gives it (a negative status: killed by that signal)."""
+    command = [sys.executable, "train.py", *argv]
+    with tempfile.TemporaryDirectory() as tmp:
+        outputs = (f"{tmp}/out", f"{tmp}/err")
+        process = fork_server().Process(target=_become_train_py, args=(argv, env, *outputs))
+        process.start()
+        try:
+            deadline = time.monotonic() + timeout
+            while not ready():
+                if process.exitcode is not None or time.monotonic() > deadline:
+                    output = Path(outputs[0]).read_text() + Path(outputs[1]).read_text()
+                    raise AssertionError(f"the run ended or hung before the point to stop it: {output}")
+                time.sleep(0.005)
+            os.kill(process.pid, signum)
+            process.join(timeout=120)
+        finally:
+            process.kill()
+            process.join()
+        out, err = Path(outputs[0]).read_text(), Path(outputs[1]).read_text()
+    return subprocess.CompletedProcess(command, process.exitcode, out, err)

@@ -53,6 +53,7 @@ from tests.conftest import (
     train_env,
 )
 from tests.filesystems import fill
+from tests.forked import stopped_forked
 
 # Two epochs of 4 steps (TINY_RUN: 64 images at 32 px, batches of 16) that never reach the target, with LARS.
 TWO_EPOCHS = (*TINY_RUN, "run.max_epochs=2", *ALL_EPOCHS)
@@ -304,11 +305,12 @@ def test_a_run_checkpointing_every_few_steps_killed_mid_epoch_resumes_to_the_sam
     """run.checkpoint_every_steps=3 over epochs of 4 steps: a checkpoint at step 3, mid-epoch, where SIGKILL (no
     chance to save) finds it; resumed from there, the run ends with the weights of one never stopped. Half of each
     batch is decoded on the training device: the samples and crops do not depend on who decodes them."""
-    command = [sys.executable, "train.py", *DEVICE_DECODED, "run.checkpoint_every_steps=3", f"hydra.run.dir={tmp_path}"]
-    killed = stop_when(command, cache_dir, lambda _: (tmp_path / "checkpoint.pt").exists(), signal.SIGKILL)
-    saved = torch.load(tmp_path / "checkpoint.pt", weights_only=True)["loop"]
-    assert saved["step"] % 3 == 0 and saved["epoch_step"] == saved["step"] % 4 != 0, killed.output  # mid-epoch
-    resumed = run_train(*command[2:], "run.resume=auto", cache=cache_dir, check=True)
+    argv = (*DEVICE_DECODED, "run.checkpoint_every_steps=3", f"hydra.run.dir={tmp_path}")
+    checkpoint = tmp_path / "checkpoint.pt"
+    killed = stopped_forked(argv, train_env(cache_dir), checkpoint.exists, signal.SIGKILL)
+    saved = torch.load(checkpoint, weights_only=True)["loop"]
+    assert saved["step"] % 3 == 0 and saved["epoch_step"] == saved["step"] % 4 != 0, killed.stdout  # mid-epoch
+    resumed = run_train(*argv, "run.resume=auto", cache=cache_dir, check=True)
     assert f"resuming at epoch {saved['epoch']} (step {saved['step']}, {saved['epoch_step']} steps" in resumed.stdout
     assert_same_run(straight(DEVICE_DECODED), tmp_path)
 

@@ -4,11 +4,7 @@ the same stopped at a host call's end and resumed to the same run (slow: the smo
 
 from __future__ import annotations
 
-import os
 import signal
-import subprocess
-import sys
-import time
 from functools import cache
 from pathlib import Path
 
@@ -44,23 +40,23 @@ from tests.conftest import (
     straight_run,
     train_env,
 )
-from tests.forked import _become_train_py, fork_server
+from tests.forked import stopped_forked
 
 TPU = ("device=tpu_v4", "device.chips=4")  # a v4-8: 4 replicas, one per megacore chip
-# 128 training images at 32 px in batches of 32 (8 a replica): an epoch of 4 steps that never reaches the target,
-# in device time, the host calling the slice every 3 steps: a call of 3 steps, then one of the epoch's last
+# 96 training images at 32 px in batches of 32 (8 a replica): an epoch of 3 steps that never reaches the target,
+# in device time, the host calling the slice every 2 steps: a call of 2 steps, then one of the epoch's last
 DEVICE_TIME = (
     "experiment=smoke",
     "data.image_size=32",
     "data.eval_resize=36",
-    "data.synthetic.train_per_class=32",
+    "data.synthetic.train_per_class=24",
     "data.synthetic.val_per_class=8",
     "data.global_batch=32",
     "optim.warmup_epochs=0",
     *ALL_EPOCHS,
     *TPU,
     "run.max_epochs=1",
-    "device.steps_per_call=3",
+    "device.steps_per_call=2",
     "mlperf.clock=device",
 )
 STRAIGHT = straight_run("test_tpu_sim device time", *DEVICE_TIME)
@@ -233,7 +229,7 @@ def probed() -> tuple[Config, ModelProfile]:
 
 
 def test_a_tiny_run_in_device_time_logs_each_host_call_and_its_log_passes_the_checker(straight, tmp_path):
-    """The epoch's 4 steps are two host calls (3 steps, then the epoch's last): the log's block takes their steps
+    """The epoch's 3 steps are two host calls (2 steps, then the epoch's last): the log's block takes their steps
     and two calls' time on the simulated clock. The run says the replicas' memory and the precision it computes."""
     log = straight.run_dir / "mlperf.log"
     assert_compliant_but_for_accuracy(log, tmp_path)
@@ -241,7 +237,7 @@ def test_a_tiny_run_in_device_time_logs_each_host_call_and_its_log_passes_the_ch
     clock = simulator.clock(cfg, batch_shape(cfg, 1), profile)
     events = mllog_events(log)
     (start,), (stop,) = ([e["time_ms"] for e in events if e["key"] == key] for key in ("block_start", "block_stop"))
-    assert abs(stop - start - 1000 * (4 * clock.step_s + 2 * clock.call_s)) <= 1  # two stamps, each to the ms
+    assert abs(stop - start - 1000 * (3 * clock.step_s + 2 * clock.call_s)) <= 1  # two stamps, each to the ms
     platform = next(e["value"] for e in events if e["key"] == "submission_platform")
     assert platform == "v4-8 (4 TPU v4 chips) simulated by rn50perf (device time)"
     lines = straight.stdout.splitlines()  # a CPU without bf16 kernels adds a line saying it emulates them
@@ -260,51 +256,36 @@ def test_on_the_hosts_clock_a_runs_lines_show_the_slices_throughput_and_time_bes
     the host, then the slice's; the summary's host time to train, then the slice's."""
     cfg, profile = probed()
     clock = simulator.clock(cfg, batch_shape(cfg, 1), profile)
-    for _ in range(4):
+    for _ in range(3):
         clock.step()
     clock.end_call()
-    row = EpochMetrics(epoch=1, step=4, lr=0.2, train_loss=1.5, images_per_s=30.6, eval_accuracy=0.25, elapsed_s=5)
+    row = EpochMetrics(epoch=1, step=3, lr=0.2, train_loss=1.5, images_per_s=30.6, eval_accuracy=0.25, elapsed_s=5)
     assert f"   30.6 img/s host  {32 / clock.step_s:.1f} img/s simulated  data wait" in epoch_line(
         1, row, Simulated(clock, logged=False)
     )
     print_summary("aborted", 0.25, 1, 0.1, tmp_path, {}, set(), Simulated(clock, logged=False))
-    took = 4 * clock.step_s + 2 * clock.call_s  # a call of 3 steps, and the epoch's last
+    took = 3 * clock.step_s + 2 * clock.call_s  # a call of 2 steps, and the epoch's last
     assert (
         f"time to train 0.10 min of host wall time\nsimulated v4-8 (4 TPU v4 chips): {32 / clock.step_s:,.0f} img/s,"
         f" time to train {took:.2f} s (mlperf.clock=device logs it)"
     ) in capsys.readouterr().out
 
 
-def stopped_as_its_loop_starts(
-    overrides: tuple[str, ...], cache: Path, run_dir: Path
-) -> subprocess.CompletedProcess[str]:
-    """train.py forked from the warm interpreter (tests/forked.py), sent SIGUSR1 once its log holds run_start: the
-    stop waits for the end of the host call under way."""
-    argv = (*overrides, f"hydra.run.dir={run_dir}")
-    out, err = run_dir.parent / "stdout", run_dir.parent / "stderr"
-    process = fork_server().Process(target=_become_train_py, args=(argv, train_env(cache), str(out), str(err)))
-    process.start()
-    log, deadline = run_dir / "mlperf.log", time.monotonic() + 300
-    while not (log.exists() and '"run_start"' in log.read_text()):
-        assert process.exitcode is None, out.read_text() + err.read_text()
-        assert time.monotonic() < deadline
-        time.sleep(0.005)
-    os.kill(process.pid, signal.SIGUSR1)
-    process.join(timeout=120)
-    return subprocess.CompletedProcess(
-        [sys.executable, "train.py", *argv], process.exitcode, out.read_text(), err.read_text()
-    )
-
-
 def test_a_run_stopped_in_a_host_call_stops_at_its_end_and_resumes_to_the_same_run(straight, cache_dir, tmp_path):
-    """SIGUSR1 as the loop starts: the run goes on to the end of the first call (3 steps), checkpoints there and
+    """SIGUSR1 as the loop starts: the run goes on to the end of the first call (2 steps), checkpoints there and
     stops; resumed, it ends with the weights, evaluations, losses and simulated time of the run never stopped."""
     run_dir = tmp_path / "run"
-    stopped = stopped_as_its_loop_starts(DEVICE_TIME, cache_dir, run_dir)
+    log = run_dir / "mlperf.log"
+
+    def loop_started() -> bool:
+        return log.exists() and '"run_start"' in log.read_text()
+
+    argv = (*DEVICE_TIME, f"hydra.run.dir={run_dir}")
+    stopped = stopped_forked(argv, train_env(cache_dir), loop_started, signal.SIGUSR1)
     assert stopped.returncode == 128 + signal.SIGUSR1, stopped.stdout + stopped.stderr
-    assert "stopped by SIGUSR1 at step 3 (epoch 1, 3 of its 4 steps done)" in stopped.stdout + stopped.stderr
+    assert "stopped by SIGUSR1 at step 2 (epoch 1, 2 of its 3 steps done)" in stopped.stdout + stopped.stderr
     resumed = run_train(*DEVICE_TIME, f"hydra.run.dir={run_dir}", "run.resume=auto", cache=cache_dir, check=True)
-    assert "resuming at epoch 1 (step 3, 3 steps into the epoch)" in resumed.stdout
+    assert "resuming at epoch 1 (step 2, 2 steps into the epoch)" in resumed.stdout
     never_stopped = straight.run_dir
     assert_same_run(never_stopped, run_dir)
 
