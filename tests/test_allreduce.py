@@ -400,6 +400,7 @@ def test_reduce_does_nothing_in_one_process(monkeypatch):
                 dist.destroy_process_group()
 
 
+@pytest.mark.slow  # 5 s of ranks; the all-reduce it times is checked above
 def test_bench_prints_its_table_then_the_figures_as_json(capfd):
     """`python -m bench.allreduce`'s main, here (its ranks are processes of its own; rank 0 prints)."""
     assert allreduce_bench.main(["--nproc", "2", "--rounds", "1", "--steps", "1", "--warmup", "0"]) == 0

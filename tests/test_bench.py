@@ -127,6 +127,7 @@ def test_precision_bench_prints_the_plot_curves_as_a_table():
     ]
 
 
+@pytest.mark.slow  # 8 s; the sharded, pipelined and replicated steps it times are tests/test_ipu_*.py's
 def test_ipu_cases_bench_tables_sharded_pipelined_and_replicated_then_json(capsys):
     ipu_cases.main(["--micro-batch", "2", "--grad-accum", "4", "--image-size", "64"])
     lines = capsys.readouterr().out.strip().splitlines()

@@ -45,6 +45,7 @@ def test_step_bench_refuses_an_unknown_policy(capsys):
     assert "int8" in capsys.readouterr().err
 
 
+@pytest.mark.slow  # 10 s: every policy's two steps twice; the bench's own check, not the harness's
 def test_the_bare_loops_do_the_harness_arithmetic_bit_for_bit():
     generator = torch.Generator().manual_seed(1)
     images = torch.randint(0, 256, (2, 32, 32, 3), dtype=torch.uint8, generator=generator)

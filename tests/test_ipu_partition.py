@@ -54,7 +54,7 @@ def test_the_cut_points_are_where_one_tensor_crosses():
         assert len(pipeline.cut(model, [point])) == 2
 
 
-@pytest.mark.parametrize("stages", [2, 3])
+@pytest.mark.parametrize("stages", [2, pytest.param(3, marks=pytest.mark.slow)])  # 3: 8 s of probes
 def test_auto_fits_whenever_a_cut_fits_and_its_time_is_within_3_percent_of_the_best(stages):
     model = small_resnet()
     plans = every_cut(model, stages)

@@ -31,6 +31,7 @@ def test_the_harness_step_allocates_and_casts_as_the_plain_loop_does_with_cudas_
     assert "allocated" in out and "top ops by bytes allocated per step" in out
 
 
+@pytest.mark.slow  # 5 s; shows the trace can see a cast, which the test above relies on
 def test_the_trace_sees_batchnorms_fp32_input_cast(capsys):
     """A step that casts more is measured so: BatchNorm's input cast to fp32 and its fp32 output (the CPU's
     default, device.bn_16bit_input off) add casts and allocations that the plain loop does not make."""
