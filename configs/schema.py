@@ -17,7 +17,7 @@ from configs.device import sections
 from configs.device.base import DeviceConfig
 from configs.device.native import NativeConfig
 from configs.fingerprint import fingerprint, not_training, not_training_section, training, training_section
-from configs.shape import BatchShape
+from configs.shape import BatchShape, nearest_multiple
 from data.config import DataConfig
 from data.config import validate as validate_data
 from mlperf_logs.config import MlperfConfig, validate_closed_division, validate_mlperf
@@ -154,11 +154,12 @@ def validate(cfg: Config, world_size: int = 1) -> BatchShape:
 def _validate_batch(shape: BatchShape, device: DeviceConfig) -> None:
     """The one rule of how a global batch deals: the same whole number of images to each micro-batch of every
     replica (a rank's, a simulated IPU replica's, or a projected GPU's)."""
+    step = shape.replicas * shape.grad_accum
     require(
-        shape.global_batch % (shape.replicas * shape.grad_accum) == 0,
+        shape.global_batch % step == 0,
         "data.global_batch",
         f"{shape.global_batch} images do not deal evenly to {shape.replicas} {device.dealt_to} x dist.grad_accum "
-        f"{shape.grad_accum}",
+        f"{shape.grad_accum}; the nearest that does is data.global_batch={nearest_multiple(shape.global_batch, step)}",
     )
 
 

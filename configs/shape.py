@@ -29,3 +29,9 @@ class BatchShape:
     def bn_span(self) -> int:
         """The images one BatchNorm's statistics cover."""
         return self.micro_batch * self.bn_group
+
+
+def nearest_multiple(global_batch: int, step: int) -> int:
+    """The global batch nearest `global_batch` that is a whole multiple of `step` images, at least one: what a
+    refusal names where a batch does not deal."""
+    return max(step, step * round(global_batch / step))

@@ -31,7 +31,13 @@ from tests.conftest import REPO, composed, config_error, configured_dataset, run
         (["optim=adam"], "optim=adam: no such option; optim is one of lars, sgd"),
         (
             ["data.global_batch=64", "dist.grad_accum=3"],
-            "data.global_batch: 64 images do not deal evenly to 1 ranks x dist.grad_accum 3",
+            "data.global_batch: 64 images do not deal evenly to 1 ranks x dist.grad_accum 3; the nearest that does is"
+            " data.global_batch=63",
+        ),
+        (
+            ["run.mode=project", "experiment=imagenet", "device=dgx_h100", "device.nodes=5"],
+            "data.global_batch: 3264 images do not deal evenly to 40 GPUs x dist.grad_accum 1; the nearest that does"
+            " is data.global_batch=3280",
         ),
         (["data=imagenet", "data.root=/nonexistent/imagenet"], "data.root: directory /nonexistent/imagenet"),
         (["optim.weight_decay=3e-4"], "optim.weight_decay: closed division allows 0.0001 * 2^N"),

@@ -141,7 +141,8 @@ def ipu_config(**device: object) -> Config:
         (
             {"device__replicas": 3},
             "data.global_batch",
-            "64 images do not deal evenly to 3 replicas x dist.grad_accum 1",
+            "64 images do not deal evenly to 3 replicas x dist.grad_accum 1; the nearest that does is"
+            " data.global_batch=63",
         ),
         ({"device__pipeline_splits": ["layer3"]}, "dist.grad_accum", "a pipeline of 2 stages needs at least 2"),
         (

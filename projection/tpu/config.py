@@ -18,7 +18,7 @@ from typing import ClassVar
 
 from configs.checks import ConfigError, positive, require
 from configs.device.native import NativeConfig
-from configs.shape import BatchShape
+from configs.shape import BatchShape, nearest_multiple
 from optim.config import PrecisionConfig
 
 REPLICA_BATCH_MULTIPLE = 8  # a TPU's batch per replica: a multiple of 8 fills its MXUs' rows (Google's TPU docs)
@@ -83,8 +83,7 @@ def nearest_slice(chips: int, slices: list[int]) -> int:
 
 def nearest_global_batch(global_batch: int, replicas: int) -> int:
     """The global batch nearest `global_batch` that gives each replica a whole multiple of 8 images."""
-    step = replicas * REPLICA_BATCH_MULTIPLE
-    return max(step, step * round(global_batch / step))
+    return nearest_multiple(global_batch, replicas * REPLICA_BATCH_MULTIPLE)
 
 
 @dataclass
