@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from functools import partial
 from pathlib import Path
 
 import torch
@@ -18,9 +17,7 @@ from configs.checks import ConfigError
 from configs.schema import Config
 from configs.shape import BatchShape
 from data.datasets import IMAGENET_TRAIN_IMAGES, dataset_size
-from projection.convergence import Epochs, given_epochs, reference_epochs
-from projection.families import family_of
-from projection.run import Schedule
+from projection.families import answer, family_of
 
 
 def project(cfg: Config, shape: BatchShape, out_dir: Path | None, command_line: Sequence[str], recipe: str) -> None:
@@ -44,14 +41,6 @@ def project(cfg: Config, shape: BatchShape, out_dir: Path | None, command_line: 
     if out_dir is not None:
         (out_dir / rundir.PROJECTION_TEXT).write_text(text + "\n")
         (out_dir / rundir.PROJECTION_JSON).write_text(figures + "\n")
-
-
-def answer(cfg: Config, shape: BatchShape, command_line: Sequence[str]) -> str:
-    """The device's family's projection of the run (its report, the JSON line last)."""
-    projected = family_of(cfg).project
-    assert projected is not None, f"device={cfg.device.name} is not projected onto (the config's check)"
-    classes, _, _ = dataset_size(cfg.data)
-    return projected(cfg, shape, classes, partial(schedule_of, cfg), partial(epochs_of, cfg, command_line))
 
 
 EXPERIMENTS = Path(__file__).resolve().parent / "configs" / "experiment"
@@ -105,17 +94,3 @@ def listed_cuts(cfg: Config, shape: BatchShape) -> bool:
     if shown is not None:
         print(shown, flush=True)
     return shown is not None
-
-
-def schedule_of(cfg: Config, epochs: int) -> Schedule:
-    _, train_images, eval_images = dataset_size(cfg.data)
-    return Schedule(epochs, train_images, eval_images, cfg.mlperf.eval_every, cfg.mlperf.first_eval)
-
-
-def epochs_of(cfg: Config, command_line: Sequence[str]) -> Epochs:
-    """run.max_epochs where the command line gives it, with where runs would stop around it; else where MLPerf's
-    reference runs for the global batch stop."""
-    schedule = schedule_of(cfg, cfg.run.max_epochs)
-    if any(override.startswith("run.max_epochs=") for override in command_line):
-        return given_epochs(cfg.run.max_epochs, cfg.data.global_batch, schedule)
-    return reference_epochs(cfg.data.global_batch, schedule)

@@ -7,10 +7,14 @@ raises `ConfigError` naming the key and what is allowed.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, fields, is_dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
+from hydra import compose, initialize_config_dir
 from hydra.core.config_store import ConfigStore
+from omegaconf import OmegaConf
 
 from configs.checks import ConfigError, one_of, positive, require
 from configs.device import sections
@@ -93,6 +97,17 @@ def register() -> None:
     # as the CPU's NativeConfig would refuse to become a GPU cluster's ClusterConfig.
     config_store.store(name="schema", node=Config(device=DeviceConfig()))
     sections.store(config_store)
+
+
+def composed(overrides: Sequence[str], world_size: int = 1) -> Config:
+    """configs/config.yaml with `overrides`, composed and checked as train.py does it on `world_size` ranks: what
+    a tool that reads train.py's runs (the planner) composes, and the tests."""
+    register()
+    with initialize_config_dir(config_dir=str(Path(__file__).resolve().parent), version_base="1.3"):
+        cfg = OmegaConf.to_object(compose("config", overrides=list(overrides)))
+    assert isinstance(cfg, Config)
+    validate(cfg, world_size)
+    return cfg
 
 
 def batch_shape(cfg: Config, world_size: int) -> BatchShape:

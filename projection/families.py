@@ -1,12 +1,14 @@
 """The hardware families a run executes on or projects onto. configs/device/sections.py maps each device.name to its
 family's section, and the section names its family (`DeviceConfig.family`): what builds the backend whose steps run
 it, where it has one, and the projection run.mode=project prints for it, where it has one. starting.py, benchmark.py
-and project.py reach a family here, so that a new family is one folder beside ipu/ and gpu/ and one registry line."""
+and project.py reach a family here, so that a new family is one folder beside ipu/ and gpu/ and one registry line.
+`answer` is a run's projection, as run.mode=project prints it and the planner (projection/plan.py) reads it."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 
 from hydra.utils import get_object
 
@@ -15,7 +17,8 @@ from backends.build import section_of
 from backends.native import NativeBackend, build_native
 from configs.schema import Config
 from configs.shape import BatchShape
-from projection.convergence import Epochs
+from data.datasets import dataset_size
+from projection.convergence import Epochs, given_epochs, reference_epochs
 from projection.run import Schedule
 
 Build = Callable[[Config, BackendSection, RunFacts, int], NativeBackend]
@@ -54,3 +57,25 @@ def build_backend(cfg: Config, facts: RunFacts, classes: int) -> Backend:
     build = family_of(cfg).build
     assert build is not None, f"device={cfg.device.name} is projected onto only (the config's check)"
     return build(cfg, section_of(cfg, facts), facts, classes)
+
+
+def answer(cfg: Config, shape: BatchShape, command_line: Sequence[str]) -> str:
+    """The device's family's projection of the run (its report, the JSON line last)."""
+    projected = family_of(cfg).project
+    assert projected is not None, f"device={cfg.device.name} is not projected onto (the config's check)"
+    classes, _, _ = dataset_size(cfg.data)
+    return projected(cfg, shape, classes, partial(schedule_of, cfg), partial(epochs_of, cfg, command_line))
+
+
+def schedule_of(cfg: Config, epochs: int) -> Schedule:
+    _, train_images, eval_images = dataset_size(cfg.data)
+    return Schedule(epochs, train_images, eval_images, cfg.mlperf.eval_every, cfg.mlperf.first_eval)
+
+
+def epochs_of(cfg: Config, command_line: Sequence[str]) -> Epochs:
+    """run.max_epochs where the command line gives it, with where runs would stop around it; else where MLPerf's
+    reference runs for the global batch stop."""
+    schedule = schedule_of(cfg, cfg.run.max_epochs)
+    if any(override.startswith("run.max_epochs=") for override in command_line):
+        return given_epochs(cfg.run.max_epochs, cfg.data.global_batch, schedule)
+    return reference_epochs(cfg.data.global_batch, schedule)

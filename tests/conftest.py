@@ -16,13 +16,13 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 from hydra.errors import HydraException
-from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 import rundir
+from configs import schema
 from configs.checks import ConfigError
 from configs.errors import describe
-from configs.schema import Config, register, validate
+from configs.schema import Config
 from data.build import open_splits
 from data.sources.split import Split
 from data.sources.synthetic import CACHE_ENV
@@ -131,11 +131,7 @@ CONFIG_ERRORS = (ConfigError, HydraException, OmegaConfBaseException)
 
 def composed(*overrides: str, world_size: int = 1) -> Config:
     """configs/config.yaml with `overrides`, composed and validated as train.py does it on `world_size` ranks."""
-    register()
-    with initialize_config_dir(config_dir=str(REPO / "configs"), version_base="1.3"):
-        cfg = OmegaConf.to_object(compose("config", overrides=list(overrides)))
-    validate(cfg, world_size)
-    return cfg
+    return schema.composed(overrides, world_size)
 
 
 def chosen_experiment(*overrides: str) -> str:

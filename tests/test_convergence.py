@@ -11,7 +11,6 @@ import pytest
 from configs.checks import ConfigError
 from configs.schema import batch_shape
 from mlperf_logs import rcp
-from project import answer
 from projection.convergence import (
     first_evaluation_from,
     given_epochs,
@@ -22,6 +21,7 @@ from projection.convergence import (
     score,
     stops,
 )
+from projection.families import answer
 from projection.run import Schedule
 from tests.conftest import composed
 

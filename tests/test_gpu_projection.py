@@ -13,8 +13,9 @@ from hydra.errors import HydraException
 from configs.checks import ConfigError
 from configs.errors import describe
 from configs.schema import batch_shape
-from project import answer, project
+from project import project
 from projection.calibration import fitted_ranges
+from projection.families import answer
 from projection.gpu import calibrate, cost
 from projection.gpu.calibrate import IN_SAMPLE
 from projection.gpu.cost import Layout

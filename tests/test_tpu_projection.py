@@ -11,7 +11,7 @@ import json
 import pytest
 
 from configs.schema import batch_shape
-from project import answer
+from projection.families import answer
 from projection.run import Schedule
 from projection.tpu import calibrate, cost
 from projection.tpu.calibrate import IN_SAMPLE
