@@ -11,13 +11,15 @@ system runs Graphcore's recipe for it as it is."""
 from __future__ import annotations
 
 import argparse
+import csv
 import json
 import sys
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from functools import cache, partial
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, NoReturn, cast
 
 from configs.checks import ConfigError
 from configs.schema import Config, composed, validate
@@ -31,6 +33,9 @@ DEVICES = Path(__file__).resolve().parent.parent / "configs" / "device"
 EXPERIMENTS = DEVICES.parent / "experiment"
 PER_REPLICA = (8, 16, 32, 64, 128, 256)  # the images a GPU or TPU replica takes that the planner tries
 SUBMISSION_RUNS = 5  # MLPerf's ResNet-50 result: five runs
+TABLE, PICTURE = "plan.csv", "plan.png"  # what the planner writes into its --out folder
+COLUMNS = ["family", "system", "chips", "global_batch", "time_to_train_min", "fastest_min", "slowest_min"]
+COLUMNS += ["throughput_img_s", "chip_hours_per_run", "chip_hours_per_submission", "command"]
 
 
 @dataclass(frozen=True)
@@ -216,12 +221,19 @@ class Search:
         return None if index is None else self.at(index)
 
 
+def refuse(message: str) -> NoReturn:
+    """A mistake in the planner's arguments, told in one line, with exit status 2."""
+    print(f"error: {message}", file=sys.stderr)
+    raise SystemExit(2)
+
+
 def chosen_systems(families: Sequence[str], names: Sequence[str]) -> list[System]:
     """The systems `--family` and `--system` narrow the search to (all where neither is given)."""
     chosen = [s for s in systems() if (not families or s.family in families) and (not names or s.name in names)]
     if not chosen:
         known = ", ".join(s.name for s in systems())
-        raise SystemExit(f"error: no system matches --family {families} --system {names}; the systems: {known}")
+        asked = " ".join([*(f"--family {family}" for family in families), *(f"--system {name}" for name in names)])
+        refuse(f"no system matches {asked}; the systems: {known}")
     return chosen
 
 
@@ -256,6 +268,63 @@ def plan(searches: Sequence[Search], minutes: float | None, chips: int | None) -
     return rows, missed
 
 
+def refuse_to_overwrite(out: Path) -> None:
+    """The planner writes only files it names; a folder already holding one of them is refused, as it may be a
+    user's."""
+    held = [name for name in (TABLE, PICTURE) if (out / name).exists()]
+    if held:
+        refuse(f"--out {out} already holds {', '.join(held)}; give a new --out (nothing was changed)")
+
+
+def write_table(rows: Sequence[Row], path: Path) -> None:
+    """The rows as CSV, with the chip-hours of a run and of a five-run submission."""
+    with path.open("w", newline="") as file:
+        writer = csv.writer(file)
+        writer.writerow(COLUMNS)
+        for row in rows:
+            fastest, slowest = cast(list[float], row.figures["time_to_train_min_range"])
+            hours = row.chip_hours()
+            writer.writerow([
+                row.system.family, row.system.name, row.size.chips, row.global_batch,
+                row.figures["time_to_train_min"], fastest, slowest, row.figures["throughput_img_s"],
+                round(hours, 2), round(SUBMISSION_RUNS * hours, 2), row.command,
+            ])  # fmt: skip
+
+
+def draw(searches: Sequence[Search], minutes: float | None, path: Path) -> None:
+    """Time to train against chips on log-log axes, a line and a band (the 80 % range) for each system, over the
+    sizes the search projected, and the time asked for."""
+    from matplotlib import colormaps
+    from matplotlib.colors import ListedColormap
+    from matplotlib.figure import Figure  # imported here: a planner that is only asked for its table starts sooner
+
+    fig = Figure(figsize=(9, 5.5))
+    ax = fig.subplots()
+    palette = colormaps["tab20"]
+    assert isinstance(palette, ListedColormap)
+    colours = list(palette.colors)  # type: ignore[arg-type]
+    for colour, search in zip(colours, searches, strict=False):
+        rows = sorted((row for row in search.best.values() if row is not None), key=lambda row: row.size.chips)
+        if not rows:
+            continue
+        chips = [row.size.chips for row in rows]
+        central = [row.minutes(central=True) for row in rows]
+        bands = [cast(list[float], row.figures["time_to_train_min_range"]) for row in rows]
+        ax.plot(chips, central, "o-", color=colour, markersize=3, label=search.system.name)
+        ax.fill_between(chips, [low for low, _ in bands], [high for _, high in bands], color=colour, alpha=0.2)
+    if minutes is not None:
+        ax.axhline(minutes, color="black", linestyle="--", label=f"{minutes:g} min asked")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("chips (GPUs, IPUs, TPU chips)")
+    ax.set_ylabel("projected time to train ImageNet, minutes")
+    ax.set_title("time to train against chips: each system's projection and its 80 % range", fontsize="medium")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(loc="center left", bbox_to_anchor=(1.01, 0.5), fontsize="small")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m projection.plan", description=__doc__.split("\n\n")[0])
     asked = parser.add_mutually_exclusive_group(required=True)
@@ -264,9 +333,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--family", action="append", default=[], choices=("gpu", "ipu", "tpu"))
     parser.add_argument("--system", action="append", default=[], help="a system's name, as the table prints it")
     parser.add_argument("--central", action="store_true", help="within T at the central figure, not the range's end")
+    parser.add_argument("--out", type=Path, help="the folder of plan.csv and plan.png (outputs/plan/DATE/TIME)")
     args = parser.parse_args(argv)
     if (args.minutes or args.chips or 0) <= 0:
-        parser.exit(2, "error: --minutes and --chips must be positive\n")
+        refuse("--minutes and --chips must be positive")
+    out = args.out or Path("outputs", "plan", time.strftime("%Y-%m-%d"), time.strftime("%H-%M-%S"))
+    refuse_to_overwrite(out)
     searches = [Search.of(system, args.central) for system in chosen_systems(args.family, args.system)]
     rows, missed = plan(searches, args.minutes, args.chips)
     where = "central figure" if args.central else "80 % range's upper end"
@@ -278,6 +350,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         print(f"  {row.command}")
     for said in missed:
         print(said)
+    out.mkdir(parents=True, exist_ok=True)
+    write_table(rows, out / TABLE)
+    draw(searches, args.minutes, out / PICTURE)
+    print(f"outputs: {out} ({TABLE}: the table; {PICTURE}: time to train against chips)")
     print(json.dumps({"rows": [row.json() for row in rows]}))
 
 

@@ -4,6 +4,7 @@ line's table, the systems that cannot reach the time, and the JSON line last."""
 
 from __future__ import annotations
 
+import csv
 import json
 
 import pytest
@@ -58,21 +59,40 @@ def test_a_rows_printed_command_gives_its_figures():
     assert figures == row.figures
 
 
-def test_the_command_line_prints_a_row_a_system_and_those_that_cannot_then_json(capsys):
-    plan.main(["--minutes", "0.05", "--system", "dgx_h100", "--system", "tpu_v4"])
+def test_the_command_line_prints_a_row_a_system_and_those_that_cannot_then_json(capsys, tmp_path):
+    plan.main(["--minutes", "0.05", "--system", "dgx_h100", "--system", "tpu_v4", "--out", str(tmp_path / "a")])
     out = capsys.readouterr().out.splitlines()
     assert out[0].startswith("ImageNet to MLPerf's target within 0.05 min at the 80 % range's upper end")
     assert "dgx_h100: its largest configuration (8,480 chips) cannot train in 0.05 min" in out
-    plan.main(["--minutes", "10", "--system", "dgx_h100", "--system", "tpu_v4"])
+    plan.main(["--minutes", "10", "--system", "dgx_h100", "--system", "tpu_v4", "--out", str(tmp_path / "b")])
     out = capsys.readouterr().out.splitlines()
     rows = json.loads(out[-1])["rows"]
     assert [(row["family"], row["system"]) for row in rows] == [("gpu", "dgx_h100"), ("tpu", "tpu_v4")]
     keys = {"chips", "global_batch", "time_to_train_min", "time_to_train_min_range", "command"}
     assert all(keys <= row.keys() and row["time_to_train_min_range"][1] <= 10 for row in rows)
     assert f"  {rows[0]['command']}" in out
+    assert out[-2] == f"outputs: {tmp_path / 'b'} (plan.csv: the table; plan.png: time to train against chips)"
+    with (tmp_path / "b" / "plan.csv").open() as file:
+        table = list(csv.DictReader(file))
+    assert [(r["system"], int(r["chips"]), r["command"]) for r in table] == [
+        (row["system"], row["chips"], row["command"]) for row in rows
+    ]
+    assert (tmp_path / "b" / "plan.png").read_bytes().startswith(b"\x89PNG")
 
 
-def test_at_a_size_each_system_gives_its_time_at_the_next_size_it_offers(capsys):
-    plan.main(["--chips", "100", "--system", "tpu_v4"])
+def test_a_folder_holding_the_planners_files_is_refused_in_one_line_and_left_as_it_was(tmp_path, capsys):
+    (tmp_path / "plan.csv").write_text("a user's table\n")
+    with pytest.raises(SystemExit) as refused:
+        plan.main(["--chips", "8", "--system", "tpu_v4", "--out", str(tmp_path)])
+    assert refused.value.code == 2
+    assert capsys.readouterr().err == (
+        f"error: --out {tmp_path} already holds plan.csv; give a new --out (nothing was changed)\n"
+    )
+    assert [path.name for path in tmp_path.iterdir()] == ["plan.csv"]
+    assert (tmp_path / "plan.csv").read_text() == "a user's table\n"
+
+
+def test_at_a_size_each_system_gives_its_time_at_the_next_size_it_offers(capsys, tmp_path):
+    plan.main(["--chips", "100", "--system", "tpu_v4", "--out", str(tmp_path)])
     (row,) = json.loads(capsys.readouterr().out.splitlines()[-1])["rows"]
     assert row["chips"] == 128 and "device.chips=128" in row["command"]
