@@ -138,7 +138,7 @@ def tpu_sizes(device: str) -> list[Size]:
 def ipu_sizes(prefix: str) -> list[Size]:
     """Each IPU system of a generation (ipu_pod16, ... or bow_pod16, ...) on Graphcore's recipe for it."""
     sizes = []
-    for device in sorted((path.stem for path in DEVICES.glob(f"{prefix}*.yaml")), key=lambda name: len(name)):
+    for device in (path.stem for path in DEVICES.glob(f"{prefix}*.yaml")):
         recipes = base((f"device={device}",)).device.imagenet_experiments()
         recipe = next(name for name in recipes if (EXPERIMENTS / f"{name}.yaml").is_file())
         chosen = (f"experiment={recipe}", f"device={device}")

@@ -31,10 +31,10 @@ def every_size_in_turn(search: plan.Search, minutes: float) -> plan.Row | None:
 @pytest.mark.parametrize(
     ("name", "minutes"),
     [
-        ("dgx_h100", 10),
         ("tpu_v4", 2),
         ("tpu_v5e", 10),
-        pytest.param("dgx_h100", 2, marks=pytest.mark.slow),  # 4 to 20 s each: a hundred projections or more
+        pytest.param("dgx_h100", 10, marks=pytest.mark.slow),  # 4 to 20 s each: a hundred projections or more
+        pytest.param("dgx_h100", 2, marks=pytest.mark.slow),
         pytest.param("pcie_l40s", 10, marks=pytest.mark.slow),
         pytest.param("ipu_pod", 10, marks=pytest.mark.slow),  # each IPU projection plans its memory
         pytest.param("bow_pod", 6, marks=pytest.mark.slow),

@@ -18,6 +18,7 @@ from tests.conftest import REPO, TINY_RUN, run_train, time_to_train_min
 TINY = (*TINY_RUN, "run.max_epochs=1", "run.checkpoint=false")
 
 
+@pytest.mark.slow  # 10 s; the sweep, its table and its exit status: the 2 x 2 grid (tests/test_summarize.py)
 def test_an_optuna_sweep_minimises_time_to_train_and_fails_the_trials_that_miss_the_target(cache_dir, tmp_path):
     # Two trials, one per target: TPE's seed 3 draws 0.01 (reached in one epoch) and then 1.0 (missed).
     sweep = run_train(
