@@ -13,6 +13,7 @@ from projection.gpu import calibrate
 from projection.gpu.config import Cluster
 from projection.gpu.cost import Constants, Layout, MeasuredStep, Projection, project
 from projection.gpu.measured import Check
+from projection.report import step_table
 from projection.run import Schedule
 from projection.uncertainty import Interval
 
@@ -104,10 +105,8 @@ def breakdown(projection: Projection, layout: Layout, epochs: Epochs) -> str:
         "optimizer (LARS)": step.optimizer_s,
         "waiting for the slowest GPU": step.straggler_s,
     }
-    lines = [f"step time, ms (global batch {layout.global_batch:,})"]
-    lines += [f"  {name:<40}{1e3 * seconds:>10.3f}" for name, seconds in terms.items()]
-    lines.append(f"  {'device, total':<40}{1e3 * step.device_s:>10.3f}")
-    lines.append(f"  {'host feed (decoding, overlapped)':<40}{1e3 * step.host_feed_s:>10.3f}")
+    feed = "host feed (decoding, overlapped)"
+    lines = step_table(layout.global_batch, terms, step.device_s, feed, step.host_feed_s, width=40)
     bound = "GPU-bound" if step.device_s >= step.host_feed_s else "bound by the hosts' decoding"
     lines += [
         f"throughput {projection.throughput_img_s:,.0f} img/s ({bound}; MLPerf's: a steady block of epochs and its"

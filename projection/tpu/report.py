@@ -11,6 +11,7 @@ import json
 from projection import convergence, uncertainty
 from projection.convergence import Epochs
 from projection.profile import ModelProfile
+from projection.report import step_table
 from projection.run import Schedule
 from projection.tpu import calibrate, cost
 from projection.tpu.config import TpuChip
@@ -92,10 +93,8 @@ def breakdown(profile: ModelProfile, chip: TpuChip, projection: Projection, layo
         if side > 1:
             terms[f"all-reduce along dimension {dimension} ({side} chips)"] = seconds
     terms[f"optimizer (LARS{', sharded' if step.optimizer_sharded else ''})"] = step.optimizer_s
-    lines = [f"step time, ms (global batch {layout.global_batch:,})"]
-    lines += [f"  {name:<48}{1e3 * seconds:>10.3f}" for name, seconds in terms.items()]
-    lines.append(f"  {'device, total':<48}{1e3 * step.device_s:>10.3f}")
-    lines.append(f"  {'host feed from cached images (overlapped)':<48}{1e3 * step.host_feed_s:>10.3f}")
+    feed = "host feed from cached images (overlapped)"
+    lines = step_table(layout.global_batch, terms, step.device_s, feed, step.host_feed_s, width=48)
     bound = "TPU-bound" if step.device_s >= step.host_feed_s else "bound by the hosts' input pipelines"
     lines += [
         f"throughput {projection.throughput_img_s:,.0f} img/s ({bound}; MLPerf's: a steady block of epochs and its"
